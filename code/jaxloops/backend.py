@@ -1,0 +1,99 @@
+"""Which device runs the book, and the one place that sizes experiments for it."""
+
+import dataclasses
+import os
+import platform
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """Experiment sizes for one backend. Chapters read these; none hard-codes a size.
+
+    Fields are grouped by the chapter that uses them.
+    """
+
+    backend: str
+    # Chapters 2-7: the digits MLP.
+    hidden: tuple[int, ...]
+    batch_size: int
+    epochs: int
+    throughput_batch_sizes: tuple[int, ...]
+    throughput_steps: int
+    matmul_size: int
+    # Chapters 8-10: attention.
+    attention_lengths: tuple[int, ...]
+    attention_heads: int
+    attention_head_dim: int
+    decode_cache_lengths: tuple[int, ...]
+    # Timing.
+    repeats: int
+
+
+_CPU = Sizes(
+    backend="cpu",
+    hidden=(256, 256),
+    batch_size=128,
+    epochs=30,
+    throughput_batch_sizes=(16, 32, 64, 128, 256, 512),
+    throughput_steps=10,
+    matmul_size=1024,
+    attention_lengths=(256, 512, 1024, 2048, 4096),
+    attention_heads=4,
+    attention_head_dim=64,
+    decode_cache_lengths=(512, 1024, 2048, 4096, 8192),
+    repeats=5,
+)
+
+_GPU = Sizes(
+    backend="gpu",
+    hidden=(1024, 1024),
+    batch_size=128,
+    epochs=30,
+    throughput_batch_sizes=(128, 512, 2048, 8192, 32768),
+    throughput_steps=10,
+    matmul_size=8192,
+    attention_lengths=(512, 1024, 2048, 4096, 8192, 16384),
+    attention_heads=8,
+    attention_head_dim=64,
+    decode_cache_lengths=(1024, 4096, 16384, 65536),
+    repeats=20,
+)
+
+
+def experiment_sizes(backend: str | None = None) -> Sizes:
+    """Returns the experiment sizes for `backend` (default: JAX's default backend).
+
+    Args:
+      backend: "cpu", "gpu" or "tpu"; None asks JAX which backend it found.
+    """
+    backend = jax.default_backend() if backend is None else backend
+    if backend == "cpu":
+        return _CPU
+    if backend in ("gpu", "cuda", "rocm", "tpu"):
+        return dataclasses.replace(_GPU, backend=backend)
+    raise ValueError(f"unknown backend {backend!r}; expected 'cpu', 'gpu' or 'tpu'")
+
+
+def describe_backend() -> str:
+    """One line naming the device that executes this process, e.g. for a page header."""
+    device = jax.devices()[0]
+    if device.platform == "cpu":
+        cores = os.cpu_count() or 0
+        cpu = platform.processor() or platform.machine()
+        return f"CPU ({cpu}, {cores} cores)"
+    return f"{device.device_kind} ({device.platform.upper()})"
+
+
+def versions() -> dict[str, str]:
+    """Versions of the packages that produced the page's numbers."""
+    import jaxlib
+    import optax
+
+    return {
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "optax": optax.__version__,
+    }

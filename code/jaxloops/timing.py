@@ -1,0 +1,87 @@
+"""Honest timing: warm-up, `block_until_ready`, median of repeats; and a compile counter."""
+
+import contextlib
+import dataclasses
+import statistics
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+# The event JAX records once per XLA compilation (jax/_src/dispatch.py).
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+def time_call(fn: Callable[..., Any], *args, warmup: int = 2, repeats: int = 7) -> float:
+    """Median wall time of `fn(*args)` in seconds, waiting for the result each time.
+
+    The warm-up calls absorb compilation; `block_until_ready` makes the clock wait for
+    the device instead of stopping when the work is merely queued.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats=}, {warmup=}")
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@dataclasses.dataclass
+class CompileLog:
+    """Names of the functions XLA compiled while the log was open."""
+
+    names: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return len(self.names)
+
+
+@contextlib.contextmanager
+def count_compiles():
+    """Counts XLA compilations inside the `with` block, from JAX's monitoring events.
+
+    Yields:
+      A `CompileLog`; `log.count` is the number of compilations so far.
+    """
+    log = CompileLog()
+
+    def listener(event: str, duration: float, **kwargs) -> None:
+        del duration
+        if event == _COMPILE_EVENT:
+            log.names.append(str(kwargs.get("fun_name", "?")))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield log
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def compiled_flops(fn: Callable[..., Any], *args) -> float:
+    """FLOPs of one call of `jax.jit(fn)(*args)`, from XLA's cost analysis."""
+    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jax returned one dict per device
+        cost = cost[0]
+    return float(cost.get("flops", 0.0))
+
+
+def compiled_temp_bytes(fn: Callable[..., Any], *args) -> int:
+    """Temporary (scratch) bytes the compiled program of `jax.jit(fn)(*args)` allocates."""
+    stats = jax.jit(fn).lower(*args).compile().memory_analysis()
+    return int(stats.temp_size_in_bytes)
+
+
+def matmul_throughput(key: jax.Array, size: int, dtype=jnp.float32, repeats: int = 7) -> float:
+    """Measured FLOP/s of one (size x size) @ (size x size) matmul: the ceiling to compare to."""
+    a_key, b_key = jax.random.split(key)
+    a = jax.random.normal(a_key, (size, size), dtype)
+    b = jax.random.normal(b_key, (size, size), dtype)
+    matmul = jax.jit(jnp.matmul)
+    seconds = time_call(matmul, a, b, repeats=repeats)
+    return 2.0 * size**3 / seconds
