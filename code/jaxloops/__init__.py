@@ -11,22 +11,76 @@ from jaxloops.backend import Sizes
 from jaxloops.backend import describe_backend
 from jaxloops.backend import experiment_sizes
 from jaxloops.backend import versions
+from jaxloops.data import Batch
+from jaxloops.data import Split
+from jaxloops.data import epoch_batches
+from jaxloops.data import load_digits_split
+from jaxloops.data import ragged_batches
+from jaxloops.data import to_device
+from jaxloops.evaluate import EvalBatches
+from jaxloops.evaluate import accuracy_from_confusion
+from jaxloops.evaluate import confusion_matrix
+from jaxloops.evaluate import evaluate
+from jaxloops.evaluate import most_confused
+from jaxloops.evaluate import pad_batches
+from jaxloops.evaluate import per_class_accuracy
+from jaxloops.grads import finite_difference
+from jaxloops.grads import sgd_update
+from jaxloops.loop import fit
+from jaxloops.loop import make_epoch
+from jaxloops.loop import python_loop
+from jaxloops.loop import unstack
+from jaxloops.mlp import accuracy
+from jaxloops.mlp import cross_entropy
+from jaxloops.mlp import init_mlp
+from jaxloops.mlp import mlp_logits
+from jaxloops.mlp import mlp_loss
 from jaxloops.timing import CompileLog
 from jaxloops.timing import compiled_flops
 from jaxloops.timing import compiled_temp_bytes
 from jaxloops.timing import count_compiles
 from jaxloops.timing import matmul_throughput
 from jaxloops.timing import time_call
+from jaxloops.train import decay_mask
+from jaxloops.train import make_optimizer
+from jaxloops.train import make_train_step
 
 __all__ = (
-    "CompileLog",
-    "Sizes",
+    "accuracy",
+    "accuracy_from_confusion",
+    "Batch",
     "compiled_flops",
     "compiled_temp_bytes",
+    "CompileLog",
+    "confusion_matrix",
     "count_compiles",
+    "cross_entropy",
+    "decay_mask",
     "describe_backend",
+    "epoch_batches",
+    "EvalBatches",
+    "evaluate",
     "experiment_sizes",
+    "finite_difference",
+    "fit",
+    "init_mlp",
+    "load_digits_split",
+    "make_epoch",
+    "make_optimizer",
+    "make_train_step",
     "matmul_throughput",
+    "mlp_logits",
+    "mlp_loss",
+    "most_confused",
+    "pad_batches",
+    "per_class_accuracy",
+    "python_loop",
+    "ragged_batches",
+    "sgd_update",
+    "Sizes",
+    "Split",
     "time_call",
+    "to_device",
+    "unstack",
     "versions",
 )

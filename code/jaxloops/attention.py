@@ -1,0 +1,126 @@
+"""Scaled dot-product attention in four moves, with MHA, GQA and MQA in one function.
+
+Layout and semantics follow `jax.nn.dot_product_attention`: query (B, T, N, H),
+key/value (B, S, K, H), query head n reads key/value head n // G with G = N // K.
+"""
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+
+def check_attention_shapes(query, key, value, mask=None) -> tuple[int, ...]:
+    """Checks shapes at the public boundary and returns the sizes.
+
+    Args:
+      query: (B, T, N, H).
+      key: (B, S, K, H).
+      value: (B, S, K, H).
+      mask: optional boolean, broadcastable to (B, N, T, S); True = attend.
+
+    Returns:
+      (B, T, S, N, K, H).
+    """
+    for name, array in (("query", query), ("key", key), ("value", value)):
+        if jnp.ndim(array) != 4:
+            raise ValueError(
+                f"{name} must have rank 4 ((B, T, N, H) for query, (B, S, K, H) for "
+                f"key/value), got shape {jnp.shape(array)}"
+            )
+    B, T, N, H = query.shape
+    if key.shape != value.shape:
+        raise ValueError(f"key and value shapes differ: key {key.shape}, value {value.shape}")
+    key_batch, S, K, key_head_dim = key.shape
+    if key_batch != B:
+        raise ValueError(f"query has batch {B}, key/value have batch {key_batch} "
+                         f"(query {query.shape}, key {key.shape})")
+    if key_head_dim != H:
+        raise ValueError(f"query head dim {H} != key/value head dim {key_head_dim} "
+                         f"(query {query.shape}, key {key.shape})")
+    if N % K != 0:
+        raise ValueError(f"query has {N} heads, key/value has {K}; {N} is not a multiple of "
+                         f"{K} (query {query.shape}, key {key.shape})")
+    if mask is not None:
+        mask_shape = jnp.shape(mask)
+        if jnp.result_type(mask) != jnp.bool_:
+            raise ValueError(f"mask must be boolean (True = attend), got {jnp.result_type(mask)}")
+        try:
+            full = np.broadcast_shapes(mask_shape, (B, N, T, S))
+        except ValueError:
+            full = None
+        if len(mask_shape) > 4 or full != (B, N, T, S):
+            raise ValueError(f"mask shape {mask_shape} does not broadcast to (B, N, T, S) = "
+                             f"{(B, N, T, S)}")
+    return B, T, S, N, K, H
+
+
+def causal_mask(T: int, S: int, *, offset: int = 0):
+    """Boolean (T, S) mask: query t attends to key s where s <= t + offset.
+
+    offset = 0 is the top-left alignment of `is_causal`; offset = S - T puts the T queries
+    at the end of the S keys (bottom-right), as for new tokens appended to a cache.
+    """
+    return jnp.arange(T)[:, None] + offset >= jnp.arange(S)[None, :]  # (T, S)
+
+
+def grouped_mask(mask, N: int, K: int):
+    """Reshapes a mask broadcastable to (B, N, T, S) into one broadcastable to (B, K, G, T, S)."""
+    mask = jnp.asarray(mask)
+    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)  # (B|1, N|1, T|1, S|1)
+    mB, mN, mT, mS = mask.shape
+    if mN == 1:
+        return mask[:, :, None]  # (B|1, 1, 1, T|1, S|1)
+    return mask.reshape(mB, K, N // K, mT, mS)  # (B|1, K, G, T|1, S|1)
+
+
+def masked_fill_value(dtype):
+    """The large finite negative logit that masked positions get (as jax's XLA path does).
+
+    Finite, not -inf: a row with every key masked averages V instead of returning NaN.
+    """
+    return -0.7 * float(jnp.finfo(dtype).max)
+
+
+def softmax(scores):
+    """Softmax over the last axis (the keys), subtracting the row max for stability."""
+    shifted = scores - scores.max(axis=-1, keepdims=True)
+    weights = jnp.exp(shifted)
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
+def attention(query, key, value, *, is_causal: bool = False, mask=None):
+    """Naive attention: materialises the (T, S) scores for every batch and head.
+
+    Args:
+      query: (B, T, N, H).
+      key: (B, S, K, H) with N % K == 0 (K = N MHA, 1 < K < N GQA, K = 1 MQA).
+      value: (B, S, K, H).
+      is_causal: query t attends to keys s <= t (aligned top-left, like jax).
+      mask: optional boolean, broadcastable to (B, N, T, S); True = attend.
+
+    Returns:
+      (B, T, N, H), in the dtype of value.
+    """
+    query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
+    B, T, S, N, K, H = check_attention_shapes(query, key, value, mask)
+    G = N // K
+    # Logits and softmax in at least float32, as jax's XLA path does for bf16/fp16.
+    logits_dtype = jnp.promote_types(query.dtype, jnp.float32)
+    query_BTKGH = query.reshape(B, T, K, G, H)  # (B, T, K, G, H)
+
+    # Move 1: every query against every key.
+    scores = jnp.einsum("BTKGH,BSKH->BKGTS", query_BTKGH, key,
+                        preferred_element_type=logits_dtype)  # (B, K, G, T, S)
+    # Move 2: scale so the logits' variance does not grow with H.
+    scores = scores * (1.0 / math.sqrt(H))
+    if is_causal:
+        scores = jnp.where(causal_mask(T, S), scores, masked_fill_value(scores.dtype))
+    if mask is not None:
+        scores = jnp.where(grouped_mask(mask, N, K), scores, masked_fill_value(scores.dtype))
+    # Move 3: softmax over the keys.
+    weights = softmax(scores)  # (B, K, G, T, S)
+    # Move 4: mix the values with those weights.
+    out = jnp.einsum("BKGTS,BSKH->BTKGH", weights.astype(value.dtype), value)  # (B, T, K, G, H)
+    return out.reshape(B, T, N, H)  # (B, T, N, H)
+

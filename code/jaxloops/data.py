@@ -1,0 +1,94 @@
+"""Data on the device: digits, normalised with training statistics, in fixed-size batches."""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+
+class Batch(NamedTuple):
+    """Inputs and integer targets; a pytree, so it passes through jit and scan."""
+
+    x: jax.Array  # (B, F_in) features, or (B, T) tokens
+    y: jax.Array  # (B,) class labels, or (B, T) next tokens
+
+
+class Split(NamedTuple):
+    train: Batch
+    test: Batch
+
+
+def check_examples(x, y, num_features: int, num_classes: int) -> None:
+    """Raises ValueError naming what is wrong with a feature matrix and its labels."""
+    x, y = np.asarray(x), np.asarray(y)
+    if x.ndim != 2 or x.shape[1] != num_features:
+        raise ValueError(f"features have shape {x.shape}; expected (examples, {num_features})")
+    if y.shape != (x.shape[0],):
+        raise ValueError(f"labels have shape {y.shape}; expected ({x.shape[0]},) to match features")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"features contain {int(np.sum(~np.isfinite(x)))} non-finite values")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"labels have dtype {y.dtype}; expected an integer dtype")
+    if y.size and (y.min() < 0 or y.max() >= num_classes):
+        raise ValueError(f"labels span [{y.min()}, {y.max()}]; expected [0, {num_classes - 1}]")
+
+
+def check_batch_size(batch_size: int, num_examples: int) -> None:
+    if not 0 < batch_size <= num_examples:
+        raise ValueError(f"batch size {batch_size} must be in [1, {num_examples}] (the examples)")
+
+
+def load_digits_split(seed: int, test_fraction: float = 0.25) -> Split:
+    """scikit-learn's 8x8 digits, a stratified split, normalised with train statistics only.
+
+    Args:
+      seed: fixes which examples land in the test set.
+      test_fraction: share of each class held out for testing.
+    Returns:
+      A `Split` of NumPy arrays: x (examples, 64) float32, y (examples,) int32.
+    """
+    digits = load_digits()
+    x = digits.images.reshape(len(digits.images), -1).astype(np.float32)  # (n, 8, 8) -> (n, 64)
+    y = digits.target.astype(np.int32)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, y, test_size=test_fraction, stratify=y, random_state=seed
+    )
+    mean, std = x_train.mean(axis=0), x_train.std(axis=0)
+    # Some corner pixels are always 0 in the training set: dividing by their std of 0 would
+    # give inf, so they are only centred.
+    std = np.where(std > 1e-6, std, 1.0)
+    normalise = lambda a: ((a - mean) / std).astype(np.float32)
+    return Split(Batch(normalise(x_train), y_train), Batch(normalise(x_test), y_test))
+
+
+def to_device(batch: Batch) -> Batch:
+    """Copies a batch to the default device once; everything after works on device arrays."""
+    return jax.device_put(batch)
+
+
+def epoch_batches(key: jax.Array, data: Batch, batch_size: int) -> Batch:
+    """A fresh permutation of `data`, cut into equal batches; the remainder is dropped.
+
+    Every batch has the same shape, so a jitted step compiles once. Runs on the device.
+
+    Returns:
+      A `Batch` whose leaves have a leading steps axis: x (steps, B, ...), y (steps, B, ...).
+    """
+    num_examples = data.x.shape[0]
+    check_batch_size(batch_size, num_examples)
+    steps = num_examples // batch_size
+    order = jax.random.permutation(key, num_examples)[: steps * batch_size]
+    return jax.tree.map(
+        lambda a: a[order].reshape(steps, batch_size, *a.shape[1:]),  # (n, ...) -> (steps, B, ...)
+        data,
+    )
+
+
+def ragged_batches(data: Batch, batch_size: int) -> list[Batch]:
+    """Consecutive batches that keep the remainder: the last one is shorter (a new shape)."""
+    check_batch_size(batch_size, data.x.shape[0])
+    starts = range(0, data.x.shape[0], batch_size)
+    return [jax.tree.map(lambda a: a[i : i + batch_size], data) for i in starts]

@@ -1,0 +1,78 @@
+"""Evaluation on fixed-size test batches: padding, masks, accuracy, confusion matrix."""
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxloops.data import Batch, check_batch_size
+
+
+class EvalBatches(NamedTuple):
+    """Test data cut into equal batches; `mask` is False on the padding of the last one."""
+
+    x: jax.Array  # (steps, B, F_in)
+    y: jax.Array  # (steps, B)
+    mask: jax.Array  # (steps, B) bool
+
+
+def pad_batches(data: Batch, batch_size: int) -> EvalBatches:
+    """Cuts `data` into equal batches, padding the last with copies of example 0, masked out.
+
+    Every example lands in exactly one unmasked slot, and every batch has the same shape,
+    so the evaluation step compiles once.
+    """
+    n = data.x.shape[0]
+    check_batch_size(batch_size, n)
+    steps = -(-n // batch_size)  # ceil(n / B)
+    pad = steps * batch_size - n
+    index = np.concatenate([np.arange(n), np.zeros(pad, dtype=int)])
+    mask = np.arange(steps * batch_size) < n
+    stack = lambda a: jnp.asarray(a)[index].reshape(steps, batch_size, *a.shape[1:])  # (n+pad, ...) -> (steps, B, ...)
+    return EvalBatches(stack(data.x), stack(data.y), jnp.asarray(mask).reshape(steps, batch_size))
+
+
+def confusion_matrix(labels: jax.Array, predictions: jax.Array, num_classes: int, mask=None) -> jax.Array:
+    """Counts (C, C): row = true class, column = predicted class; masked-out entries add 0."""
+    weights = jnp.ones(labels.shape, jnp.int32) if mask is None else mask.astype(jnp.int32)
+    counts = jnp.zeros((num_classes, num_classes), jnp.int32)
+    return counts.at[labels.ravel(), predictions.ravel()].add(weights.ravel())
+
+
+def evaluate(logits_fn: Callable, params, batches: EvalBatches, num_classes: int):
+    """Predictions and confusion matrix over all padded batches, in one scan on the device.
+
+    Returns:
+      (predictions (steps, B) int32, confusion matrix (C, C) int32).
+    """
+
+    def body(counts, batch):
+        x, y, mask = batch
+        predictions = logits_fn(params, x).argmax(axis=-1)  # (B, C) -> (B,)
+        return counts + confusion_matrix(y, predictions, num_classes, mask), predictions
+
+    zeros = jnp.zeros((num_classes, num_classes), jnp.int32)
+    counts, predictions = jax.lax.scan(body, zeros, tuple(batches))
+    return predictions, counts
+
+
+def accuracy_from_confusion(counts) -> float:
+    """Share of examples on the diagonal."""
+    counts = np.asarray(counts)
+    return float(np.trace(counts) / counts.sum())
+
+
+def per_class_accuracy(counts) -> np.ndarray:
+    """Recall of each class: diagonal over row sums, shape (C,)."""
+    counts = np.asarray(counts)
+    return np.diag(counts) / counts.sum(axis=1)
+
+
+def most_confused(counts, k: int) -> list[tuple[int, int, int]]:
+    """The k largest off-diagonal cells as (true class, predicted class, count), largest first."""
+    off = np.asarray(counts).copy()
+    np.fill_diagonal(off, 0)
+    order = np.argsort(off, axis=None)[::-1][:k]
+    pairs = [(int(t), int(p), int(off[t, p])) for t, p in zip(*np.unravel_index(order, off.shape))]
+    return [pair for pair in pairs if pair[2] > 0]

@@ -1,0 +1,53 @@
+"""A small MLP on a dict pytree: init, logits, cross-entropy, accuracy."""
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from jaxloops.data import Batch
+
+Params = dict[str, dict[str, jax.Array]]
+
+
+def init_mlp(key: jax.Array, sizes: Sequence[int]) -> Params:
+    """He-initialised dense layers: {"dense_0": {"w": (F_0, F_1), "b": (F_1,)}, ...}.
+
+    Args:
+      key: a PRNG key.
+      sizes: layer widths from input to output, e.g. (64, 256, 256, 10).
+    """
+    if len(sizes) < 2 or min(sizes) < 1:
+        raise ValueError(f"sizes {tuple(sizes)} need at least an input and an output width >= 1")
+    keys = jax.random.split(key, len(sizes) - 1)
+    params = {}
+    for i, (k, fan_in, fan_out) in enumerate(zip(keys, sizes[:-1], sizes[1:])):
+        w = jax.random.normal(k, (fan_in, fan_out)) * jnp.sqrt(2.0 / fan_in)
+        params[f"dense_{i}"] = {"w": w, "b": jnp.zeros((fan_out,))}
+    return params
+
+
+def mlp_logits(params: Params, x: jax.Array) -> jax.Array:
+    """Logits (B, C) of inputs x (B, F_in): ReLU between layers, none after the last."""
+    layers = [params[f"dense_{i}"] for i in range(len(params))]
+    for layer in layers[:-1]:
+        x = jax.nn.relu(x @ layer["w"] + layer["b"])  # (B, F_i) -> (B, F_{i+1})
+    return x @ layers[-1]["w"] + layers[-1]["b"]  # (B, F) -> (B, C)
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Mean cross-entropy from logits (B, C) and integer labels (B,), stable for any scale."""
+    log_probs = logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)  # (B, C)
+    picked = jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]  # (B,)
+    return -picked.mean()
+
+
+def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Share of rows whose largest logit is the label."""
+    return (logits.argmax(axis=-1) == labels).mean()
+
+
+def mlp_loss(params: Params, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Cross-entropy of the MLP on a batch, with accuracy as an auxiliary metric."""
+    logits = mlp_logits(params, batch.x)
+    return cross_entropy(logits, batch.y), {"accuracy": accuracy(logits, batch.y)}
