@@ -7,6 +7,9 @@ Notation, used in every einsum, shape comment and suffix:
   C classes, L layers.
 """
 
+from jaxloops.attention import attention
+from jaxloops.attention import causal_mask
+from jaxloops.attention import check_attention_shapes
 from jaxloops.backend import Sizes
 from jaxloops.backend import describe_backend
 from jaxloops.backend import experiment_sizes
@@ -48,7 +51,10 @@ from jaxloops.train import make_train_step
 __all__ = (
     "accuracy",
     "accuracy_from_confusion",
+    "attention",
     "Batch",
+    "causal_mask",
+    "check_attention_shapes",
     "compiled_flops",
     "compiled_temp_bytes",
     "CompileLog",

@@ -64,8 +64,13 @@ def load_digits_split(seed: int, test_fraction: float = 0.25) -> Split:
     return Split(Batch(normalise(x_train), y_train), Batch(normalise(x_test), y_test))
 
 
-def to_device(batch: Batch) -> Batch:
-    """Copies a batch to the default device once; everything after works on device arrays."""
+def to_device(batch: Batch, num_features: int, num_classes: int) -> Batch:
+    """Checks examples, then copies them to the default device once; the loop uses only these.
+
+    Raises:
+      ValueError: wrong feature count, labels out of [0, C), non-finite features.
+    """
+    check_examples(batch.x, batch.y, num_features, num_classes)
     return jax.device_put(batch)
 
 

@@ -30,6 +30,8 @@ def init_mlp(key: jax.Array, sizes: Sequence[int]) -> Params:
 def mlp_logits(params: Params, x: jax.Array) -> jax.Array:
     """Logits (B, C) of inputs x (B, F_in): ReLU between layers, none after the last."""
     layers = [params[f"dense_{i}"] for i in range(len(params))]
+    if x.ndim != 2 or x.shape[1] != layers[0]["w"].shape[0]:
+        raise ValueError(f"inputs have shape {x.shape}; the first layer expects (B, {layers[0]['w'].shape[0]})")
     for layer in layers[:-1]:
         x = jax.nn.relu(x @ layer["w"] + layer["b"])  # (B, F_i) -> (B, F_{i+1})
     return x @ layers[-1]["w"] + layers[-1]["b"]  # (B, F) -> (B, C)

@@ -1,0 +1,206 @@
+"""A decoder-only transformer on plain pytrees: embeddings, pre-norm blocks, output head.
+
+Only `init_transformer` takes the config; the apply functions read every size from the
+parameter shapes: embed tokens (V, D) and positions (max_len, D); per block, attention
+query (D, N, H), key and value (D, K, H), out (N, H, D), and mlp w_in (D, F), w_out (F, D);
+unembed (D, V). The number of blocks is L.
+"""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jaxloops.attention import attention
+from jaxloops.data import Batch
+from jaxloops.mlp import cross_entropy
+
+Params = dict
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Sizes of a decoder-only transformer; checked when it is made."""
+
+    vocab_size: int  # V
+    num_layers: int  # L
+    model_dim: int  # D
+    num_heads: int  # N query heads
+    num_kv_heads: int  # K key/value heads: K = N is MHA, 1 < K < N GQA, K = 1 MQA
+    hidden_dim: int  # F, the MLP's width
+    max_len: int  # rows of the position table: the longest sequence the model can read
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{field.name} must be a positive int, got {value!r}")
+        if self.model_dim % self.num_heads:
+            raise ValueError(f"model_dim {self.model_dim} is not divisible by num_heads "
+                             f"{self.num_heads}: the heads must split D evenly")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads "
+                             f"{self.num_kv_heads}: each key/value head serves G = N // K heads")
+
+    @property
+    def head_dim(self) -> int:  # H
+        return self.model_dim // self.num_heads
+
+
+def init_transformer(key: jax.Array, config: TransformerConfig) -> Params:
+    """GPT-2's initialisation: N(0, 0.02^2) everywhere, residual outputs / sqrt(2L), norms 1.
+
+    Returns:
+      {"embed": {"tokens", "positions"}, "block_0": {"attention": {...}, "mlp": {...}}, ...,
+       "norm": {"scale"}, "unembed": {"w"}}.
+    """
+    V, L, D = config.vocab_size, config.num_layers, config.model_dim
+    N, K, H, F = config.num_heads, config.num_kv_heads, config.head_dim, config.hidden_dim
+    keys = iter(jax.random.split(key, 3 + 6 * L))
+    normal = lambda shape, std=0.02: std * jax.random.normal(next(keys), shape)
+    residual_std = 0.02 / math.sqrt(2 * L)  # L blocks add 2L terms to the residual stream
+    params = {"embed": {"tokens": normal((V, D)), "positions": normal((config.max_len, D))}}
+    for i in range(L):
+        params[f"block_{i}"] = {
+            "attention": {"norm": {"scale": jnp.ones(D)}, "query": normal((D, N, H)),
+                          "key": normal((D, K, H)), "value": normal((D, K, H)),
+                          "out": normal((N, H, D), residual_std)},
+            "mlp": {"norm": {"scale": jnp.ones(D)}, "w_in": normal((D, F)),
+                    "w_out": normal((F, D), residual_std)},
+        }
+    params["norm"] = {"scale": jnp.ones(D)}
+    params["unembed"] = {"w": normal((D, V))}
+    return params
+
+
+def num_blocks(params: Params) -> int:
+    """L, counted from the parameter tree."""
+    return sum(name.startswith("block_") for name in params)
+
+
+def rms_norm(params: Params, x: jax.Array, eps: float = 1e-6) -> jax.Array:
+    """x / rms(x) * scale over the last axis (D), computed in float32."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32**2, axis=-1, keepdims=True) + eps)
+    return (x32 * params["scale"]).astype(x.dtype)
+
+
+def project_qkv(params: Params, x: jax.Array):
+    """The pre-norm and the query, key and value projections of an attention block.
+
+    Returns:
+      query (B, T, N, H), key (B, T, K, H), value (B, T, K, H).
+    """
+    h = rms_norm(params["norm"], x)  # (B, T, D)
+    query = jnp.einsum("BTD,DNH->BTNH", h, params["query"])  # (B, T, N, H)
+    key = jnp.einsum("BTD,DKH->BTKH", h, params["key"])  # (B, T, K, H)
+    value = jnp.einsum("BTD,DKH->BTKH", h, params["value"])  # (B, T, K, H)
+    return query, key, value
+
+
+def attention_block(params: Params, x: jax.Array, cache=None, start=0):
+    """x + causal GQA attention of norm(x). With a cache, the T new tokens sit at
+    positions start..start+T-1 and attend to every position written so far.
+
+    Args:
+      x: (B, T, D).
+      cache: None, or {"key", "value"} each (B, S, K, H), the layer's preallocated cache.
+      start: where the T new positions begin in the cache (may be traced).
+    Returns:
+      (x (B, T, D), the cache with the new keys and values written in, or None).
+    """
+    query, key, value = project_qkv(params, x)
+    if cache is None:
+        out = attention(query, key, value, is_causal=True)  # (B, T, N, H)
+    else:
+        key = jax.lax.dynamic_update_slice(cache["key"], key, (0, start, 0, 0))  # (B, S, K, H)
+        value = jax.lax.dynamic_update_slice(cache["value"], value, (0, start, 0, 0))
+        cache = {"key": key, "value": value}
+        # is_causal aligns top-left (query 0 with key 0); the new queries sit at start + t,
+        # and positions after them are future tokens or not yet written, so mask by position.
+        T, S = query.shape[1], key.shape[1]
+        mask = jnp.arange(S)[None, :] <= start + jnp.arange(T)[:, None]  # (T, S)
+        out = attention(query, key, value, mask=mask)  # (B, T, N, H)
+    return x + jnp.einsum("BTNH,NHD->BTD", out, params["out"]), cache  # (B, T, D)
+
+
+def mlp_block(params: Params, x: jax.Array) -> jax.Array:
+    """x + W_out gelu(W_in norm(x)), for x (B, T, D) with hidden width F."""
+    h = jnp.einsum("BTD,DF->BTF", rms_norm(params["norm"], x), params["w_in"])  # (B, T, F)
+    return x + jnp.einsum("BTF,FD->BTD", jax.nn.gelu(h), params["w_out"])  # (B, T, D)
+
+
+def check_tokens(params: Params, tokens, start: int = 0) -> None:
+    """Raises ValueError unless tokens are (B, T) integers that fit the position table."""
+    max_len = params["embed"]["positions"].shape[0]
+    if jnp.ndim(tokens) != 2 or not jnp.issubdtype(jnp.result_type(tokens), jnp.integer):
+        raise ValueError(f"tokens must be (B, T) integers, got shape {jnp.shape(tokens)} "
+                         f"of {jnp.result_type(tokens)}")
+    if start + tokens.shape[1] > max_len:
+        raise ValueError(f"positions up to {start + tokens.shape[1]} are longer than the "
+                         f"position table ({max_len} positions)")
+
+
+def embed(params: Params, tokens: jax.Array, start=0) -> jax.Array:
+    """Token plus position embeddings (B, T, D) of tokens (B, T) at positions start + t."""
+    positions = jax.lax.dynamic_slice_in_dim(params["embed"]["positions"], start,
+                                             tokens.shape[1])  # (T, D)
+    return params["embed"]["tokens"][tokens] + positions  # (B, T, D)
+
+
+def apply_blocks(params: Params, x: jax.Array, cache=None, start=0):
+    """The L blocks, then the final norm and the unembedding: logits (B, T, V), cache."""
+    new_cache = {}
+    for i in range(num_blocks(params)):
+        name = f"block_{i}"
+        x, new_cache[name] = attention_block(params[name]["attention"], x,
+                                             None if cache is None else cache[name], start)
+        x = mlp_block(params[name]["mlp"], x)
+    x = rms_norm(params["norm"], x)  # (B, T, D)
+    logits = jnp.einsum("BTD,DV->BTV", x, params["unembed"]["w"])  # (B, T, V)
+    return logits, (None if cache is None else new_cache)
+
+
+def transformer_logits(params: Params, tokens: jax.Array) -> jax.Array:
+    """Next-token logits (B, T, V) of tokens (B, T); position t sees tokens 0..t only."""
+    check_tokens(params, tokens)
+    logits, _ = apply_blocks(params, embed(params, tokens))
+    return logits
+
+
+def cached_logits(params: Params, tokens: jax.Array, cache, start):
+    """Logits (B, T, V) of T new tokens at positions start.., reading and extending `cache`.
+
+    Prefill is tokens = the prompt (B, P) at start 0; a decode step is one token (B, 1) at
+    start = the number of tokens already in the cache. The caller keeps start + T <= S.
+    """
+    check_tokens(params, tokens)
+    return apply_blocks(params, embed(params, tokens, start), cache, start)
+
+
+def transformer_loss(params: Params, batch: Batch):
+    """Mean next-token cross-entropy (nats) of x (B, T) against y (B, T), and accuracy."""
+    logits = transformer_logits(params, batch.x)  # (B, T, V)
+    V = logits.shape[-1]
+    logits_V, labels = logits.reshape(-1, V), batch.y.reshape(-1)  # (B*T, V), (B*T,)
+    accuracy = (logits_V.argmax(axis=-1) == labels).mean()
+    return cross_entropy(logits_V, labels), {"accuracy": accuracy}
+
+
+def attention_map(params: Params, tokens: jax.Array, layer: int) -> jax.Array:
+    """Attention weights (B, N, T, T) of block `layer`: row t is how query t spreads over keys."""
+    check_tokens(params, tokens)
+    if not 0 <= layer < num_blocks(params):
+        raise ValueError(f"layer {layer} is not in [0, {num_blocks(params) - 1}]")
+    x = embed(params, tokens)  # (B, T, D)
+    for i in range(layer):
+        x, _ = attention_block(params[f"block_{i}"]["attention"], x)
+        x = mlp_block(params[f"block_{i}"]["mlp"], x)
+    query, key, _ = project_qkv(params[f"block_{layer}"]["attention"], x)
+    B, T, N, H = query.shape
+    K = key.shape[2]
+    query = query.reshape(B, T, K, N // K, H)  # (B, T, K, G, H)
+    scores = jnp.einsum("BTKGH,BSKH->BKGTS", query, key) / math.sqrt(H)  # (B, K, G, T, S)
+    scores = jnp.where(jnp.tril(jnp.ones((T, T), bool)), scores, -jnp.inf)
+    return jax.nn.softmax(scores, axis=-1).reshape(B, N, T, T)  # (B, N, T, S=T)

@@ -1,0 +1,76 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxloops
+from jaxloops.data import check_examples
+
+
+def test_split_is_stratified_and_normalised_with_train_statistics_only():
+    split = jaxloops.load_digits_split(seed=0)
+    x_train, y_train = np.asarray(split.train.x), np.asarray(split.train.y)
+    x_test, y_test = np.asarray(split.test.x), np.asarray(split.test.y)
+    assert x_train.shape[1] == x_test.shape[1] == 64
+    assert x_train.shape[0] + x_test.shape[0] == 1797
+    # Every class keeps (nearly) the same share in both parts.
+    np.testing.assert_allclose(np.bincount(y_train) / len(y_train), np.bincount(y_test) / len(y_test), atol=0.01)
+    # Train features are centred; test features are not exactly (other statistics).
+    np.testing.assert_allclose(x_train.mean(axis=0), 0.0, atol=1e-5)
+    assert np.abs(x_test.mean(axis=0)).max() > 1e-3
+    assert np.all(np.isfinite(x_train)) and np.all(np.isfinite(x_test))
+
+
+def test_epoch_batches_have_fixed_shapes_and_no_repeats(digits, key):
+    batches = jaxloops.epoch_batches(key, digits.train, 97)
+    steps = digits.train.x.shape[0] // 97
+    assert batches.x.shape == (steps, 97, 64) and batches.y.shape == (steps, 97)
+    # Each example appears at most once: rows are distinct.
+    rows = np.asarray(batches.x).reshape(-1, 64)
+    assert len(np.unique(rows, axis=0)) == steps * 97
+
+
+def test_epoch_batches_reshuffle_with_the_key(digits):
+    a = jaxloops.epoch_batches(jax.random.key(1), digits.train, 64)
+    b = jaxloops.epoch_batches(jax.random.key(2), digits.train, 64)
+    c = jaxloops.epoch_batches(jax.random.key(1), digits.train, 64)
+    assert not np.array_equal(a.y, b.y)
+    np.testing.assert_array_equal(a.y, c.y)
+
+
+def test_ragged_batches_keep_every_example_with_a_shorter_last_batch(digits):
+    batches = jaxloops.ragged_batches(digits.test, 100)
+    sizes = [b.x.shape[0] for b in batches]
+    assert sum(sizes) == digits.test.x.shape[0]
+    assert sizes[-1] == digits.test.x.shape[0] % 100 and set(sizes[:-1]) == {100}
+
+
+@pytest.mark.parametrize("batch_size", [0, -3, 100_000])
+def test_bad_batch_size_is_rejected(digits, key, batch_size):
+    with pytest.raises(ValueError, match="batch size"):
+        jaxloops.epoch_batches(key, digits.train, batch_size)
+
+
+def test_bad_examples_are_rejected_with_what_was_wrong():
+    x, y = np.zeros((5, 64), np.float32), np.arange(5, dtype=np.int32)
+    with pytest.raises(ValueError, match="expected \\(examples, 64\\)"):
+        check_examples(x[:, :63], y, 64, 10)
+    with pytest.raises(ValueError, match="labels span \\[0, 11\\]"):
+        check_examples(x, np.array([0, 1, 2, 3, 11], np.int32), 64, 10)
+    with pytest.raises(ValueError, match="labels span \\[-1, 3\\]"):
+        check_examples(x, np.array([0, 1, 2, 3, -1], np.int32), 64, 10)
+    bad = x.copy()
+    bad[2, 7] = np.nan
+    with pytest.raises(ValueError, match="1 non-finite"):
+        check_examples(bad, y, 64, 10)
+    with pytest.raises(ValueError, match="integer dtype"):
+        check_examples(x, y.astype(np.float32), 64, 10)
+    check_examples(x, y, 64, 10)  # and good input passes
+
+
+def test_to_device_checks_before_copying():
+    x, y = np.ones((3, 64), np.float32), np.array([0, 1, 12], np.int32)
+    with pytest.raises(ValueError, match="labels span"):
+        jaxloops.to_device(jaxloops.Batch(x, y), 64, 10)
+    batch = jaxloops.to_device(jaxloops.Batch(x, y % 10), 64, 10)
+    assert isinstance(batch.x, jax.Array) and batch.x.shape == (3, 64)

@@ -1,0 +1,42 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from sklearn.metrics import confusion_matrix as sk_confusion_matrix
+
+import jaxloops
+
+
+def test_padded_batches_count_every_example_exactly_once(digits):
+    n = digits.test.x.shape[0]
+    batches = jaxloops.pad_batches(digits.test, 97)
+    assert n % 97 != 0
+    assert batches.x.shape == (-(-n // 97), 97, 64)
+    assert int(batches.mask.sum()) == n
+    kept = np.asarray(batches.y)[np.asarray(batches.mask)]
+    np.testing.assert_array_equal(kept, np.asarray(digits.test.y))
+
+
+def test_jax_confusion_matrix_equals_sklearn(key):
+    labels = jax.random.randint(key, (211,), 0, 7)
+    predictions = jax.random.randint(jax.random.fold_in(key, 1), (211,), 0, 7)
+    ours = jaxloops.confusion_matrix(labels, predictions, 7)
+    np.testing.assert_array_equal(ours, sk_confusion_matrix(labels, predictions, labels=range(7)))
+
+
+def test_evaluate_ignores_padding_and_matches_sklearn(digits, key):
+    params = jaxloops.init_mlp(key, (64, 9, 10))
+    batches = jaxloops.pad_batches(digits.test, 128)
+    predictions, counts = jaxloops.evaluate(jaxloops.mlp_logits, params, batches, 10)
+    direct = np.asarray(jaxloops.mlp_logits(params, digits.test.x).argmax(-1))
+    assert int(counts.sum()) == digits.test.x.shape[0]
+    np.testing.assert_array_equal(counts, sk_confusion_matrix(digits.test.y, direct, labels=range(10)))
+    np.testing.assert_array_equal(np.asarray(predictions)[np.asarray(batches.mask)], direct)
+
+
+def test_summaries_of_a_confusion_matrix():
+    counts = np.array([[5, 2, 0], [3, 6, 1], [0, 0, 4]])
+    assert jaxloops.accuracy_from_confusion(counts) == pytest.approx(15 / 21)
+    np.testing.assert_allclose(jaxloops.per_class_accuracy(counts), [5 / 7, 6 / 10, 1.0])
+    assert jaxloops.most_confused(counts, 2) == [(1, 0, 3), (0, 1, 2)]
+    assert jaxloops.most_confused(np.eye(3, dtype=int), 2) == []

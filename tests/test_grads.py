@@ -1,0 +1,46 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import jaxloops
+
+
+def _problem(key):
+    init_key, x_key, y_key = jax.random.split(key, 3)
+    params = jaxloops.init_mlp(init_key, (5, 7, 3))
+    batch = jaxloops.Batch(jax.random.normal(x_key, (11, 5)), jax.random.randint(y_key, (11,), 0, 3))
+    return params, batch
+
+
+def test_gradient_tree_has_the_parameter_tree_structure(key):
+    params, batch = _problem(key)
+    (_, aux), grads = jax.value_and_grad(jaxloops.mlp_loss, has_aux=True)(params, batch)
+    assert jax.tree.structure(grads) == jax.tree.structure(params)
+    assert jax.tree.map(jnp.shape, grads) == jax.tree.map(jnp.shape, params)
+    assert set(aux) == {"accuracy"}
+
+
+def test_hand_written_sgd_equals_optax_sgd(key):
+    params, batch = _problem(key)
+    grads = jax.grad(lambda p: jaxloops.mlp_loss(p, batch)[0])(params)
+    by_hand = jaxloops.sgd_update(params, grads, 0.3)
+    sgd = optax.sgd(0.3)
+    updates, _ = sgd.update(grads, sgd.init(params), params)
+    by_optax = optax.apply_updates(params, updates)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), by_hand, by_optax)
+    # And it really moved the parameters.
+    assert not np.allclose(by_hand["dense_0"]["w"], params["dense_0"]["w"])
+
+
+def test_finite_differences_agree_with_autodiff(key):
+    params, batch = _problem(key)
+    with jax.enable_x64(True):
+        params64 = jax.tree.map(lambda p: jnp.asarray(p, jnp.float64), params)
+        batch64 = jaxloops.Batch(jnp.asarray(batch.x, jnp.float64), batch.y)
+        loss = lambda p: jaxloops.mlp_loss(p, batch64)[0]
+        grads = jax.grad(loss)(params64)
+        for path, index in [(("dense_0", "w"), (3, 5)), (("dense_1", "b"), (2,)), (("dense_1", "w"), (6, 0))]:
+            numeric = jaxloops.finite_difference(loss, params64, path, index, eps=1e-5)
+            analytic = float(grads[path[0]][path[1]][index])
+            np.testing.assert_allclose(numeric, analytic, rtol=1e-5, atol=1e-8)

@@ -1,0 +1,43 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxloops
+
+
+def test_init_mlp_shapes_follow_sizes(key):
+    params = jaxloops.init_mlp(key, (5, 7, 11, 3))
+    shapes = {name: (layer["w"].shape, layer["b"].shape) for name, layer in params.items()}
+    assert shapes == {
+        "dense_0": ((5, 7), (7,)),
+        "dense_1": ((7, 11), (11,)),
+        "dense_2": ((11, 3), (3,)),
+    }
+
+
+def test_logits_shape_and_wrong_feature_count(key):
+    params = jaxloops.init_mlp(key, (5, 7, 3))
+    assert jaxloops.mlp_logits(params, jnp.ones((13, 5))).shape == (13, 3)
+    with pytest.raises(ValueError, match="first layer expects \\(B, 5\\)"):
+        jaxloops.mlp_logits(params, jnp.ones((13, 6)))
+
+
+def test_bad_sizes_are_rejected(key):
+    with pytest.raises(ValueError, match="sizes"):
+        jaxloops.init_mlp(key, (5,))
+
+
+def test_cross_entropy_matches_log_softmax_and_is_stable():
+    logits = jnp.array([[1.0, 2.0, 3.0], [0.5, -1.0, 4.0]])
+    labels = jnp.array([2, 0])
+    expected = -np.mean([jax.nn.log_softmax(logits[0])[2], jax.nn.log_softmax(logits[1])[0]])
+    np.testing.assert_allclose(jaxloops.cross_entropy(logits, labels), expected, rtol=1e-6)
+    # Shifting every logit by a huge constant changes nothing (no overflow to inf/nan).
+    np.testing.assert_allclose(jaxloops.cross_entropy(logits + 1e4, labels), expected, atol=2e-3)
+    assert np.isfinite(jaxloops.cross_entropy(logits * 1e4, labels))
+
+
+def test_accuracy_counts_argmax_hits():
+    logits = jnp.array([[0.0, 1.0], [2.0, 1.0], [0.0, 3.0]])
+    assert float(jaxloops.accuracy(logits, jnp.array([1, 1, 1]))) == pytest.approx(2 / 3)
