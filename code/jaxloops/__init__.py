@@ -13,6 +13,7 @@ from jaxloops.attention import check_attention_shapes
 from jaxloops.backend import Sizes
 from jaxloops.backend import describe_backend
 from jaxloops.backend import experiment_sizes
+from jaxloops.backend import run_label
 from jaxloops.backend import versions
 from jaxloops.data import Batch
 from jaxloops.data import Split
@@ -44,6 +45,7 @@ from jaxloops.timing import compiled_temp_bytes
 from jaxloops.timing import count_compiles
 from jaxloops.timing import matmul_throughput
 from jaxloops.timing import time_call
+from jaxloops.timing import time_dispatch
 from jaxloops.train import decay_mask
 from jaxloops.train import make_optimizer
 from jaxloops.train import make_train_step
@@ -85,7 +87,9 @@ __all__ = (
     "sgd_update",
     "Sizes",
     "Split",
+    "run_label",
     "time_call",
+    "time_dispatch",
     "to_device",
     "unstack",
     "versions",

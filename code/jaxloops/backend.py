@@ -86,6 +86,11 @@ def describe_backend() -> str:
     return f"{device.device_kind} ({device.platform.upper()})"
 
 
+def run_label() -> str:
+    """"<device> with JAX <version>": what each page says about the run that produced it."""
+    return f"{describe_backend()} with JAX {jax.__version__}"
+
+
 def versions() -> dict[str, str]:
     """Versions of the packages that produced the page's numbers."""
     import jaxlib

@@ -31,6 +31,25 @@ def time_call(fn: Callable[..., Any], *args, warmup: int = 2, repeats: int = 7) 
     return statistics.median(times)
 
 
+def time_dispatch(fn: Callable[..., Any], *args, warmup: int = 2, repeats: int = 7) -> float:
+    """Median seconds until `fn(*args)` *returns*, without waiting for its result.
+
+    JAX dispatches asynchronously: the call returns once the work is queued. The result is
+    awaited between repeats (outside the clock) so the queue starts empty each time.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats=}, {warmup=}")
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn(*args)
+        times.append(time.perf_counter() - start)
+        jax.block_until_ready(out)
+    return statistics.median(times)
+
+
 @dataclasses.dataclass
 class CompileLog:
     """Names of the functions XLA compiled while the log was open."""

@@ -131,15 +131,17 @@ def mlp_block(params: Params, x: jax.Array) -> jax.Array:
     return x + jnp.einsum("BTF,FD->BTD", jax.nn.gelu(h), params["w_out"])  # (B, T, D)
 
 
-def check_tokens(params: Params, tokens, start: int = 0) -> None:
-    """Raises ValueError unless tokens are (B, T) integers that fit the position table."""
+def check_tokens(params: Params, tokens, length: int | None = None) -> None:
+    """Raises ValueError unless tokens are (B, T) integers and `length` (default T, the
+    last position the call can reach) fits the position table."""
     max_len = params["embed"]["positions"].shape[0]
     if jnp.ndim(tokens) != 2 or not jnp.issubdtype(jnp.result_type(tokens), jnp.integer):
         raise ValueError(f"tokens must be (B, T) integers, got shape {jnp.shape(tokens)} "
                          f"of {jnp.result_type(tokens)}")
-    if start + tokens.shape[1] > max_len:
-        raise ValueError(f"positions up to {start + tokens.shape[1]} are longer than the "
-                         f"position table ({max_len} positions)")
+    length = tokens.shape[1] if length is None else length
+    if length > max_len:
+        raise ValueError(f"a sequence of {length} positions is longer than the position "
+                         f"table ({max_len} positions)")
 
 
 def embed(params: Params, tokens: jax.Array, start=0) -> jax.Array:
@@ -174,8 +176,11 @@ def cached_logits(params: Params, tokens: jax.Array, cache, start):
 
     Prefill is tokens = the prompt (B, P) at start 0; a decode step is one token (B, 1) at
     start = the number of tokens already in the cache. The caller keeps start + T <= S.
+
+    Args:
+      cache: {"block_i": {"key", "value"} each (B, S, K, H)}, as `generate.init_cache` makes.
     """
-    check_tokens(params, tokens)
+    check_tokens(params, tokens, length=cache["block_0"]["key"].shape[1])
     return apply_blocks(params, embed(params, tokens, start), cache, start)
 
 

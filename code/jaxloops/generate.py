@@ -1,0 +1,96 @@
+"""Sampling from the transformer: prefill, then one-token decode steps that reuse a KV cache,
+and, for comparison, decoding that recomputes the whole prefix every step.
+
+Both decoders are one compiled program each (a `lax.fori_loop` under `jax.jit`) and draw
+token i with `fold_in(key, i)`, so for the same key they produce the same tokens.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxloops.transformer import Params, cached_logits, check_tokens, num_blocks
+from jaxloops.transformer import transformer_logits
+
+
+def init_cache(params: Params, batch_size: int, length: int):
+    """An empty KV cache: {"block_i": {"key", "value"} each zeros (B, S, K, H)}, S = length.
+
+    Its dtype is that of the key projection, so a bfloat16 model gets a bfloat16 cache.
+    """
+    D, K, H = params["block_0"]["attention"]["key"].shape  # (D, K, H)
+    dtype = params["block_0"]["attention"]["key"].dtype
+    zeros = lambda: jnp.zeros((batch_size, length, K, H), dtype)  # (B, S, K, H)
+    return {f"block_{i}": {"key": zeros(), "value": zeros()} for i in range(num_blocks(params))}
+
+
+def cache_bytes(cache) -> int:
+    """Bytes the cache's arrays occupy (works on arrays and on `jax.eval_shape` results)."""
+    return sum(leaf.size * jnp.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(cache))
+
+
+def sample_token(key: jax.Array, logits: jax.Array, temperature: float) -> jax.Array:
+    """Token ids (B,) drawn from logits (B, V) / temperature; temperature 0 is argmax."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        return logits.argmax(axis=-1).astype(jnp.int32)
+    return jax.random.categorical(key, logits.astype(jnp.float32) / temperature).astype(jnp.int32)
+
+
+def check_generation(params: Params, prompt, steps: int) -> tuple[int, int]:
+    """Raises ValueError unless prompt (B, P) plus `steps` new tokens fit the model; (B, P)."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    check_tokens(params, prompt, length=prompt.shape[1] + steps)
+    return prompt.shape
+
+
+@functools.partial(jax.jit, static_argnames=("steps", "temperature"))
+def generate(params: Params, prompt: jax.Array, key: jax.Array, *, steps: int,
+             temperature: float = 1.0) -> jax.Array:
+    """Prompt (B, P) followed by `steps` sampled tokens: (B, P + steps), using a KV cache.
+
+    The cache holds S = P + steps positions. Prefill runs the prompt through the model once
+    and writes its keys and values; each decode step then feeds one token, writes one
+    position, and attends to the positions written so far.
+    """
+    B, P = check_generation(params, prompt, steps)
+    S = P + steps
+    tokens = jnp.zeros((B, S), jnp.int32).at[:, :P].set(prompt)  # (B, S)
+    # Prefill: the whole prompt in one call; only the last position's logits are needed.
+    logits, cache = cached_logits(params, prompt, init_cache(params, B, S), 0)  # (B, P, V)
+    tokens = tokens.at[:, P].set(sample_token(jax.random.fold_in(key, 0), logits[:, -1], temperature))
+
+    def decode_step(i, carry):
+        tokens, cache = carry
+        position = P + i - 1  # of the newest token, whose keys and values are not cached yet
+        last = jax.lax.dynamic_slice_in_dim(tokens, position, 1, axis=1)  # (B, 1)
+        logits, cache = cached_logits(params, last, cache, position)  # (B, 1, V)
+        token = sample_token(jax.random.fold_in(key, i), logits[:, 0], temperature)  # (B,)
+        tokens = jax.lax.dynamic_update_slice_in_dim(tokens, token[:, None], position + 1, axis=1)
+        return tokens, cache
+
+    tokens, _ = jax.lax.fori_loop(1, steps, decode_step, (tokens, cache))
+    return tokens
+
+
+@functools.partial(jax.jit, static_argnames=("steps", "temperature"))
+def generate_without_cache(params: Params, prompt: jax.Array, key: jax.Array, *, steps: int,
+                           temperature: float = 1.0) -> jax.Array:
+    """Same tokens as `generate`, but every step runs the full forward pass again.
+
+    Shapes must be static under jit, so each step runs the whole (B, P + steps) window;
+    causal attention keeps the not-yet-written positions from touching the logits read.
+    """
+    B, P = check_generation(params, prompt, steps)
+    tokens = jnp.zeros((B, P + steps), jnp.int32).at[:, :P].set(prompt)  # (B, S)
+
+    def step(i, tokens):
+        logits = transformer_logits(params, tokens)  # (B, S, V): the whole prefix, again
+        last = jax.lax.dynamic_index_in_dim(logits, P + i - 1, axis=1, keepdims=False)  # (B, V)
+        token = sample_token(jax.random.fold_in(key, i), last, temperature)  # (B,)
+        return jax.lax.dynamic_update_slice_in_dim(tokens, token[:, None], P + i, axis=1)
+
+    return jax.lax.fori_loop(0, steps, step, tokens)
