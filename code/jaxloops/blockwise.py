@@ -85,10 +85,11 @@ def blockwise_attention(query, key, value, *, is_causal: bool = False, block_siz
             def update(carry):
                 scores = jnp.einsum("BKGTH,BSKH->BKGTS", query_block, key_block,
                                     preferred_element_type=jnp.float32)  # (B, K, G, Tb, Sb)
-                keep = k_pos[None, :] < S  # (1, Sb): padding keys never count
+                scores = scores * scale
+                if S % k_block:  # keys padded up to a whole block never count
+                    scores = jnp.where(k_pos[None, :] < S, scores, fill)  # (B, K, G, Tb, Sb)
                 if is_causal:
-                    keep = keep & (q_pos[:, None] >= k_pos[None, :])  # (Tb, Sb)
-                scores = jnp.where(keep, scores * scale, fill)
+                    scores = jnp.where(q_pos[:, None] >= k_pos[None, :], scores, fill)
                 return online_softmax_step(carry, scores, value_block)
 
             if not is_causal:
