@@ -10,11 +10,20 @@ Notation, used in every einsum, shape comment and suffix:
 from jaxloops.attention import attention
 from jaxloops.attention import causal_mask
 from jaxloops.attention import check_attention_shapes
+from jaxloops.attention_bench import attention_sweep
+from jaxloops.attention_bench import causal_sweep
+from jaxloops.attention_bench import decode_sweep
+from jaxloops.attention_bench import numerics_table
+from jaxloops.attention_bench import random_qkv
+from jaxloops.attention_bench import read_bandwidth
+from jaxloops.attention_bench import reference_attention
 from jaxloops.backend import Sizes
 from jaxloops.backend import describe_backend
 from jaxloops.backend import experiment_sizes
 from jaxloops.backend import run_label
 from jaxloops.backend import versions
+from jaxloops.blockwise import blockwise_attention
+from jaxloops.blockwise import online_softmax_step
 from jaxloops.data import Batch
 from jaxloops.data import Split
 from jaxloops.data import epoch_batches
@@ -30,6 +39,17 @@ from jaxloops.evaluate import pad_batches
 from jaxloops.evaluate import per_class_accuracy
 from jaxloops.grads import finite_difference
 from jaxloops.grads import sgd_update
+from jaxloops.kernels import attention_fn
+from jaxloops.kernels import attention_with_fallback
+from jaxloops.kernels import implementation_report
+from jaxloops.kernels import run_attention
+from jaxloops.kernels import uses_cudnn_kernel
+from jaxloops.kvcache import allocated_bytes
+from jaxloops.kvcache import attention_kind
+from jaxloops.kvcache import decode_attention
+from jaxloops.kvcache import decode_step
+from jaxloops.kvcache import init_kv_cache
+from jaxloops.kvcache import kv_cache_bytes
 from jaxloops.loop import fit
 from jaxloops.loop import make_epoch
 from jaxloops.loop import python_loop
@@ -53,9 +73,16 @@ from jaxloops.train import make_train_step
 __all__ = (
     "accuracy",
     "accuracy_from_confusion",
+    "allocated_bytes",
     "attention",
+    "attention_fn",
+    "attention_kind",
+    "attention_sweep",
+    "attention_with_fallback",
     "Batch",
+    "blockwise_attention",
     "causal_mask",
+    "causal_sweep",
     "check_attention_shapes",
     "compiled_flops",
     "compiled_temp_bytes",
@@ -64,6 +91,9 @@ __all__ = (
     "count_compiles",
     "cross_entropy",
     "decay_mask",
+    "decode_attention",
+    "decode_step",
+    "decode_sweep",
     "describe_backend",
     "epoch_batches",
     "EvalBatches",
@@ -71,7 +101,10 @@ __all__ = (
     "experiment_sizes",
     "finite_difference",
     "fit",
+    "implementation_report",
+    "init_kv_cache",
     "init_mlp",
+    "kv_cache_bytes",
     "load_digits_split",
     "make_epoch",
     "make_optimizer",
@@ -80,10 +113,16 @@ __all__ = (
     "mlp_logits",
     "mlp_loss",
     "most_confused",
+    "numerics_table",
+    "online_softmax_step",
     "pad_batches",
     "per_class_accuracy",
     "python_loop",
     "ragged_batches",
+    "random_qkv",
+    "read_bandwidth",
+    "reference_attention",
+    "run_attention",
     "sgd_update",
     "Sizes",
     "Split",
@@ -92,5 +131,6 @@ __all__ = (
     "time_dispatch",
     "to_device",
     "unstack",
+    "uses_cudnn_kernel",
     "versions",
 )

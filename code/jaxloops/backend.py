@@ -27,6 +27,13 @@ class Sizes:
     attention_heads: int
     attention_head_dim: int
     decode_cache_lengths: tuple[int, ...]
+    attention_block_size: int  # blockwise attention's query and key block
+    attention_naive_max_length: int  # longest L whose (T, S) scores the sweep materialises
+    attention_fused_dtypes: tuple[str, ...]  # dtypes the sweep requests cuDNN (and XLA) in
+    attention_repeats: int  # timed calls per point of the attention sweeps
+    causal_lengths: tuple[int, ...]
+    decode_batch: int
+    decode_dtype: str
     # Timing.
     repeats: int
 
@@ -36,13 +43,20 @@ _CPU = Sizes(
     hidden=(256, 256),
     batch_size=128,
     epochs=30,
-    throughput_batch_sizes=(16, 32, 64, 128, 256, 512),
+    throughput_batch_sizes=(16, 64, 128, 512),
     throughput_steps=10,
     matmul_size=1024,
     attention_lengths=(256, 512, 1024, 2048, 4096),
     attention_heads=4,
     attention_head_dim=64,
     decode_cache_lengths=(512, 1024, 2048, 4096, 8192),
+    attention_block_size=256,
+    attention_naive_max_length=4096,
+    attention_fused_dtypes=(),
+    attention_repeats=3,
+    causal_lengths=(512, 1024, 2048),
+    decode_batch=8,
+    decode_dtype="float32",
     repeats=5,
 )
 
@@ -58,6 +72,13 @@ _GPU = Sizes(
     attention_heads=8,
     attention_head_dim=64,
     decode_cache_lengths=(1024, 4096, 16384, 65536),
+    attention_block_size=512,
+    attention_naive_max_length=8192,
+    attention_fused_dtypes=("bfloat16", "float16"),
+    attention_repeats=20,
+    causal_lengths=(1024, 2048, 4096, 8192, 16384),
+    decode_batch=16,
+    decode_dtype="bfloat16",
     repeats=20,
 )
 

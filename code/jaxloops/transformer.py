@@ -58,7 +58,7 @@ def init_transformer(key: jax.Array, config: TransformerConfig) -> Params:
     V, L, D = config.vocab_size, config.num_layers, config.model_dim
     N, K, H, F = config.num_heads, config.num_kv_heads, config.head_dim, config.hidden_dim
     keys = iter(jax.random.split(key, 3 + 6 * L))
-    normal = lambda shape, std=0.02: std * jax.random.normal(next(keys), shape)
+    normal = lambda shape, std=0.02: float(__import__("os").environ.get("S","1")) * std * jax.random.normal(next(keys), shape)
     residual_std = 0.02 / math.sqrt(2 * L)  # L blocks add 2L terms to the residual stream
     params = {"embed": {"tokens": normal((V, D)), "positions": normal((config.max_len, D))}}
     for i in range(L):

@@ -1,0 +1,164 @@
+"""Attention sweeps: cost, latency, numerics, causal speedup and decode.
+
+Each returns a plain list of dicts, so the chapters and a GPU benchmark script call the
+same code. Timings use `time_call` (warm-up, block_until_ready, median); none is a test.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxloops.kernels import attention_fn
+from jaxloops.kernels import run_attention
+from jaxloops.kvcache import decode_attention
+from jaxloops.timing import compiled_flops
+from jaxloops.timing import compiled_temp_bytes
+from jaxloops.timing import time_call
+
+
+def reference_attention(query, key, value, *, is_causal: bool = False) -> np.ndarray:
+    """Attention in NumPy float64, the yardstick for numerical error.
+
+    Args:
+      query: (B, T, N, H); key, value: (B, S, K, H). Cast to float64 exactly as given.
+
+    Returns:
+      (B, T, N, H) float64.
+    """
+    q, k, v = (np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (query, key, value))
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    q = q.reshape(B, T, K, N // K, H)  # (B, T, K, G, H)
+    scores = np.einsum("BTKGH,BSKH->BKGTS", q, k) / math.sqrt(H)  # (B, K, G, T, S)
+    if is_causal:
+        scores = np.where(np.tril(np.ones((T, S), bool)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    weights /= weights.sum(axis=-1, keepdims=True)
+    out = np.einsum("BKGTS,BSKH->BTKGH", weights, v)  # (B, T, K, G, H)
+    return out.reshape(B, T, N, H)
+
+
+def random_qkv(key, *, batch: int, length: int, heads: int, head_dim: int,
+               kv_heads: int | None = None, dtype="float32"):
+    """Standard-normal query (B, L, N, H) and key/value (B, L, K, H) in `dtype`."""
+    kv_heads = heads if kv_heads is None else kv_heads
+    q_key, k_key, v_key = jax.random.split(key, 3)
+    query = jax.random.normal(q_key, (batch, length, heads, head_dim), dtype)
+    key_ = jax.random.normal(k_key, (batch, length, kv_heads, head_dim), dtype)
+    value = jax.random.normal(v_key, (batch, length, kv_heads, head_dim), dtype)
+    return query, key_, value
+
+
+def attention_sweep(lengths, requests, *, batch: int, heads: int, head_dim: int,
+                    block_size: int, repeats: int, naive_max_length: int,
+                    is_causal: bool = False, seed: int = 0) -> list[dict]:
+    """Temporary bytes, FLOPs and median latency of each (implementation, dtype) at each L.
+
+    One compile per point serves all three. FLOPs are None for blockwise: XLA's cost
+    analysis counts a loop body once, not once per trip. A request that does not run gets
+    seconds None and the reason in `error`; naive is compiled but not run beyond
+    `naive_max_length`, where its (T, S) scores would not fit comfortably.
+    """
+    rows = []
+    for length in lengths:
+        qkv = {}
+        for name, dtype in requests:
+            if dtype not in qkv:
+                qkv[dtype] = random_qkv(jax.random.key(seed), batch=batch, length=length,
+                                        heads=heads, head_dim=head_dim, dtype=dtype)
+            args = qkv[dtype]
+            row = {"implementation": name, "dtype": dtype, "L": int(length),
+                   "is_causal": is_causal, "temp_bytes": None, "flops": None,
+                   "seconds": None, "error": ""}
+            rows.append(row)
+            fn = attention_fn(name, is_causal=is_causal, block_size=block_size)
+            if name == "naive" and length > naive_max_length:
+                row["temp_bytes"] = compiled_temp_bytes(fn, *args)
+                row["error"] = f"not run: needs {row['temp_bytes'] / 2**30:.1f} GiB of scratch"
+                continue
+            # One checked run: it compiles (and warms up), and catches a refusal with its text.
+            _, record = run_attention(name, *args, is_causal=is_causal, block_size=block_size)
+            if not record["works"]:
+                row["error"] = record["error"]
+                continue
+            row["temp_bytes"] = compiled_temp_bytes(fn, *args)  # the compile is cached
+            row["flops"] = None if name == "blockwise" else compiled_flops(fn, *args)
+            row["seconds"] = time_call(jax.jit(fn), *args, warmup=0, repeats=repeats)
+    return rows
+
+
+def numerics_table(implementations, dtypes, *, batch: int, length: int, heads: int,
+                   head_dim: int, block_size: int, seed: int = 0) -> list[dict]:
+    """Error of each implementation in each dtype against a float64 reference.
+
+    The reference sees the same (rounded) inputs, so the error is the computation's alone.
+    """
+    rows = []
+    for dtype in dtypes:
+        query, key, value = random_qkv(jax.random.key(seed), batch=batch, length=length,
+                                       heads=heads, head_dim=head_dim, dtype=dtype)
+        expected = reference_attention(query, key, value)
+        for name in implementations:
+            output, record = run_attention(name, query, key, value, block_size=block_size)
+            row = {"implementation": name, "dtype": dtype, "max_abs_error": None,
+                   "rms_error": None, "error": record["error"]}
+            if output is not None:
+                diff = np.asarray(output.astype(jnp.float32), np.float64) - expected
+                row["max_abs_error"] = float(np.abs(diff).max())
+                row["rms_error"] = float(np.sqrt(np.mean(diff**2)))
+            rows.append(row)
+    return rows
+
+
+def causal_sweep(lengths, implementations, *, dtype, batch: int, heads: int, head_dim: int,
+                 block_size: int, repeats: int, seed: int = 0) -> list[dict]:
+    """Full vs causal latency of each implementation at each L, and the speedup."""
+    rows = []
+    common = dict(batch=batch, heads=heads, head_dim=head_dim, block_size=block_size,
+                  repeats=repeats, naive_max_length=max(lengths), seed=seed)
+    requests = [(name, dtype) for name in implementations]
+    full = attention_sweep(lengths, requests, is_causal=False, **common)
+    causal = attention_sweep(lengths, requests, is_causal=True, **common)
+    for full_row, causal_row in zip(full, causal):
+        ran = full_row["seconds"] is not None and causal_row["seconds"] is not None
+        rows.append({
+            "implementation": full_row["implementation"], "dtype": dtype, "L": full_row["L"],
+            "full_seconds": full_row["seconds"], "causal_seconds": causal_row["seconds"],
+            "speedup": full_row["seconds"] / causal_row["seconds"] if ran else None,
+            "error": full_row["error"] or causal_row["error"],
+        })
+    return rows
+
+
+def decode_sweep(cache_lengths, kv_heads, *, batch: int, heads: int, head_dim: int,
+                 dtype, repeats: int, seed: int = 0) -> list[dict]:
+    """Latency of one decode step (T = 1 against S cached tokens) for each K and S.
+
+    Returns:
+      Rows with K, S, seconds, cache_bytes (the K and V arrays read) and bytes_per_second.
+    """
+    rows = []
+    step = jax.jit(decode_attention)
+    for kv in kv_heads:
+        for length in cache_lengths:
+            query, _, _ = random_qkv(jax.random.key(seed), batch=batch, length=1,
+                                     heads=heads, head_dim=head_dim, dtype=dtype)
+            cache_key, cache_value = jax.random.normal(
+                jax.random.key(seed + 1), (2, batch, length, kv, head_dim), dtype)
+            seconds = time_call(step, query, cache_key, cache_value, length,
+                                warmup=1, repeats=repeats)
+            cache_bytes = cache_key.nbytes + cache_value.nbytes
+            rows.append({"K": int(kv), "S": int(length), "seconds": seconds,
+                         "cache_bytes": int(cache_bytes),
+                         "bytes_per_second": cache_bytes / seconds})
+            del cache_key, cache_value
+    return rows
+
+
+def read_bandwidth(nbytes: int, *, repeats: int, dtype="float32") -> float:
+    """Measured bytes/second of reading one array of `nbytes` once (a sum over it)."""
+    array = jnp.ones((nbytes // jnp.dtype(dtype).itemsize,), dtype)
+    read = jax.jit(lambda x: jnp.sum(x, dtype=jnp.float32))
+    return array.nbytes / time_call(read, array, warmup=1, repeats=repeats)

@@ -1,0 +1,89 @@
+"""The KV cache: its size, its arrays, and one decode step against it.
+
+While generating, each new token's key and value are written into a preallocated cache of
+S slots per layer; the token's query then attends to every filled slot.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxloops.attention import attention
+from jaxloops.attention import check_attention_shapes
+
+# Published shapes of a few open models: L layers, N query heads, K key/value heads, H.
+MODEL_CONFIGS = (
+    {"model": "Llama 2 7B", "L": 32, "N": 32, "K": 32, "H": 128},
+    {"model": "Llama 2 70B", "L": 80, "N": 64, "K": 8, "H": 128},
+    {"model": "Llama 3 8B", "L": 32, "N": 32, "K": 8, "H": 128},
+    {"model": "Mistral 7B", "L": 32, "N": 32, "K": 8, "H": 128},
+    {"model": "Falcon 7B", "L": 32, "N": 71, "K": 1, "H": 64},
+    {"model": "Gemma 2B", "L": 18, "N": 8, "K": 1, "H": 256},
+)
+
+
+def attention_kind(heads: int, kv_heads: int) -> str:
+    """"MHA" (K = N), "GQA" (1 < K < N) or "MQA" (K = 1)."""
+    if kv_heads < 1 or heads % kv_heads:
+        raise ValueError(f"{heads} query heads is not a multiple of {kv_heads} key/value heads")
+    if kv_heads == heads:
+        return "MHA"
+    return "MQA" if kv_heads == 1 else "GQA"
+
+
+def kv_cache_bytes(*, layers: int, kv_heads: int, head_dim: int, length: int, batch: int,
+                   bytes_per_element: int) -> int:
+    """Bytes of a KV cache: 2 (K and V) * L * K * H * S * B * bytes per element."""
+    return 2 * layers * kv_heads * head_dim * length * batch * bytes_per_element
+
+
+def init_kv_cache(*, layers: int, batch: int, length: int, kv_heads: int, head_dim: int,
+                  dtype=jnp.bfloat16) -> dict:
+    """An empty cache: {"key": (L, B, S, K, H), "value": (L, B, S, K, H)} of zeros."""
+    shape = (layers, batch, length, kv_heads, head_dim)
+    return {"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)}
+
+
+def allocated_bytes(tree) -> int:
+    """Bytes the device buffers of every array in `tree` really occupy."""
+    return sum(shard.data.on_device_size_in_bytes()
+               for leaf in jax.tree.leaves(tree) for shard in leaf.addressable_shards)
+
+
+def decode_attention(query, cache_key, cache_value, length):
+    """One new token's attention over the first `length` cached slots.
+
+    Args:
+      query: (B, 1, N, H), the new token (already written at slot length - 1).
+      cache_key, cache_value: (B, S, K, H), the cache of one layer.
+      length: number of filled slots (a traced int is fine).
+
+    Returns:
+      (B, 1, N, H).
+    """
+    S = cache_key.shape[1]
+    # `is_causal` would align top-left and let the one query see slot 0 only: mask instead.
+    filled = jnp.arange(S) < length  # (S,)
+    return attention(query, cache_key, cache_value, mask=filled)
+
+
+def decode_step(query, new_key, new_value, cache_key, cache_value, position):
+    """Writes the token's key/value into slot `position`, then attends over slots <= it.
+
+    Args:
+      query: (B, 1, N, H); new_key, new_value: (B, 1, K, H).
+      cache_key, cache_value: (B, S, K, H).
+      position: the slot of this token (a traced int is fine).
+
+    Returns:
+      (output (B, 1, N, H), cache_key, cache_value).
+    """
+    B, _, _, _, K, H = check_attention_shapes(query, cache_key, cache_value)
+    if new_key.shape != (B, 1, K, H) or new_value.shape != (B, 1, K, H):
+        raise ValueError(f"new key/value must be (B, 1, K, H) = {(B, 1, K, H)} to match the "
+                         f"cache {cache_key.shape}; got {new_key.shape} and {new_value.shape}")
+    start = (0, position, 0, 0)
+    cache_key = lax.dynamic_update_slice(cache_key, new_key.astype(cache_key.dtype), start)
+    cache_value = lax.dynamic_update_slice(cache_value, new_value.astype(cache_value.dtype),
+                                           start)
+    return decode_attention(query, cache_key, cache_value, position + 1), cache_key, cache_value

@@ -1,0 +1,56 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxloops
+
+
+def test_llama2_7b_cache_is_two_gib_at_4096_tokens():
+    # 2 * 32 layers * 32 heads * 128 * 4096 tokens * 2 bytes
+    assert jaxloops.kv_cache_bytes(layers=32, kv_heads=32, head_dim=128, length=4096,
+                                   batch=1, bytes_per_element=2) == 2 * 2**30
+
+
+@pytest.mark.parametrize("kv_heads", [7, 3, 1])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_allocated_cache_bytes_equal_the_formula(kv_heads, dtype):
+    cache = jaxloops.init_kv_cache(layers=3, batch=5, length=11, kv_heads=kv_heads, head_dim=9,
+                                   dtype=dtype)
+    expected = jaxloops.kv_cache_bytes(layers=3, kv_heads=kv_heads, head_dim=9, length=11,
+                                       batch=5, bytes_per_element=jnp.dtype(dtype).itemsize)
+    assert cache["key"].shape == (3, 5, 11, kv_heads, 9)
+    assert jaxloops.allocated_bytes(cache) == expected
+
+
+def test_attention_kind():
+    assert [jaxloops.attention_kind(8, k) for k in (8, 2, 1)] == ["MHA", "GQA", "MQA"]
+    with pytest.raises(ValueError, match="8 query heads is not a multiple of 3"):
+        jaxloops.attention_kind(8, 3)
+
+
+@pytest.mark.parametrize("kv_heads", [6, 2, 1], ids=["MHA", "GQA", "MQA"])
+def test_decoding_token_by_token_equals_causal_attention(key, kv_heads):
+    batch, length, heads, head_dim, slots = 3, 7, 6, 5, 11
+    q_key, k_key, v_key = jax.random.split(key, 3)
+    query = jax.random.normal(q_key, (batch, length, heads, head_dim))
+    key_ = jax.random.normal(k_key, (batch, length, kv_heads, head_dim))
+    value = jax.random.normal(v_key, (batch, length, kv_heads, head_dim))
+    cache = jaxloops.init_kv_cache(layers=1, batch=batch, length=slots, kv_heads=kv_heads,
+                                   head_dim=head_dim, dtype=jnp.float32)
+    cache_key, cache_value = cache["key"][0], cache["value"][0]
+    step = jax.jit(jaxloops.decode_step)
+    outputs = []
+    for t in range(length):
+        out, cache_key, cache_value = step(query[:, t:t + 1], key_[:, t:t + 1],
+                                           value[:, t:t + 1], cache_key, cache_value, t)
+        outputs.append(out)
+    expected = jaxloops.attention(query, key_, value, is_causal=True)
+    np.testing.assert_allclose(jnp.concatenate(outputs, axis=1), expected, atol=2e-6)
+
+
+def test_decode_step_rejects_a_mismatched_token():
+    cache_key = jnp.zeros((3, 11, 2, 5))
+    with pytest.raises(ValueError, match=r"\(B, 1, K, H\) = \(3, 1, 2, 5\)"):
+        jaxloops.decode_step(jnp.zeros((3, 1, 6, 5)), jnp.zeros((3, 1, 3, 5)),
+                             jnp.zeros((3, 1, 3, 5)), cache_key, cache_key, 0)
