@@ -1,12 +1,13 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import jaxloops
 
 
-def test_reference_matches_naive_in_float64_terms(key):
-    query, key_, value = jaxloops.random_qkv(key, batch=3, length=7, heads=6, head_dim=5,
+def test_reference_matches_naive_in_float64_terms():
+    query, key_, value = jaxloops.random_qkv(0, batch=3, length=7, heads=6, head_dim=5,
                                              kv_heads=2)
     expected = jaxloops.reference_attention(query, key_, value, is_causal=True)
     assert expected.dtype == np.float64
@@ -19,7 +20,7 @@ def test_naive_scratch_and_flops_grow_with_the_square_of_length():
                                     head_dim=7, block_size=8, repeats=1, naive_max_length=32)
     small, large = rows
     assert small["temp_bytes"] >= 3 * 5 * 16 * 16 * 4  # the (B, N, T, S) float32 scores
-    assert large["flops"] / small["flops"] == 4.0
+    assert large["flops"] == pytest.approx(4 * small["flops"], rel=0.05)
     assert small["seconds"] > 0 and small["error"] == ""
 
 

@@ -6,11 +6,14 @@ import pytest
 import jaxloops
 
 
-def qkv(key, t, s, heads, kv_heads, head_dim=5, batch=3):
-    q_key, k_key, v_key = jax.random.split(key, 3)
-    return (jax.random.normal(q_key, (batch, t, heads, head_dim)),
-            jax.random.normal(k_key, (batch, s, kv_heads, head_dim)),
-            jax.random.normal(v_key, (batch, s, kv_heads, head_dim)))
+def normal(shape, seed=0, dtype=jnp.float32):
+    """Standard-normal test data from NumPy (no sampler to compile per shape)."""
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape, np.float32), dtype)
+
+
+def qkv(t, s, heads, kv_heads, head_dim=5, batch=3):
+    return (normal((batch, t, heads, head_dim), 1), normal((batch, s, kv_heads, head_dim), 2),
+            normal((batch, s, kv_heads, head_dim), 3))
 
 
 # T and S are not multiples of the block; 16 is bigger than both (a single block).
@@ -20,17 +23,17 @@ def qkv(key, t, s, heads, kv_heads, head_dim=5, batch=3):
     (9, 13, 6, 3, False),
     (11, 7, 2, 16, True),
 ])
-def test_blockwise_equals_naive(key, t, s, kv_heads, block_size, is_causal):
-    query, key_, value = qkv(key, t, s, 6, kv_heads)
+def test_blockwise_equals_naive(t, s, kv_heads, block_size, is_causal):
+    query, key_, value = qkv(t, s, 6, kv_heads)
     expected = jaxloops.attention(query, key_, value, is_causal=is_causal)
     got = jaxloops.blockwise_attention(query, key_, value, is_causal=is_causal,
                                        block_size=block_size)
     np.testing.assert_allclose(got, expected, atol=3e-6)
 
 
-def test_online_softmax_over_two_blocks_equals_softmax(key):
-    scores = 4.0 * jax.random.normal(key, (1, 1, 1, 3, 10))  # (B, K, G, T, S)
-    value = jax.random.normal(jax.random.key(1), (1, 10, 1, 5))  # (B, S, K, H)
+def test_online_softmax_over_two_blocks_equals_softmax():
+    scores = 4.0 * normal((1, 1, 1, 3, 10), 1)  # (B, K, G, T, S)
+    value = normal((1, 10, 1, 5), 2)  # (B, S, K, H)
     carry = (jnp.full((1, 1, 1, 3), -1e30), jnp.zeros((1, 1, 1, 3)), jnp.zeros((1, 1, 1, 3, 5)))
     carry = jaxloops.online_softmax_step(carry, scores[..., :4], value[:, :4])
     _, total, out = jaxloops.online_softmax_step(carry, scores[..., 4:], value[:, 4:])
@@ -38,9 +41,9 @@ def test_online_softmax_over_two_blocks_equals_softmax(key):
     np.testing.assert_allclose(out / total[..., None], expected, atol=1e-6)
 
 
-def test_bad_block_size_and_shapes_raise(key):
-    query, key_, value = qkv(key, 7, 7, 6, 3)
+def test_bad_block_size_and_shapes_raise():
+    query, key_, value = qkv(7, 7, 6, 3)
     with pytest.raises(ValueError, match="block_size must be >= 1, got 0"):
         jaxloops.blockwise_attention(query, key_, value, block_size=0)
     with pytest.raises(ValueError, match="6 heads, key/value has 4"):
-        jaxloops.blockwise_attention(query, *qkv(key, 7, 7, 6, 4)[1:])
+        jaxloops.blockwise_attention(query, *qkv(7, 7, 6, 4)[1:])

@@ -6,6 +6,11 @@ import pytest
 import jaxloops
 
 
+def normal(shape, seed=0, dtype=jnp.float32):
+    """Standard-normal test data from NumPy (no sampler to compile per shape)."""
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape, np.float32), dtype)
+
+
 def test_llama2_7b_cache_is_two_gib_at_4096_tokens():
     # 2 * 32 layers * 32 heads * 128 * 4096 tokens * 2 bytes
     assert jaxloops.kv_cache_bytes(layers=32, kv_heads=32, head_dim=128, length=4096,
@@ -30,12 +35,11 @@ def test_attention_kind():
 
 
 @pytest.mark.parametrize("kv_heads", [6, 2, 1], ids=["MHA", "GQA", "MQA"])
-def test_decoding_token_by_token_equals_causal_attention(key, kv_heads):
+def test_decoding_token_by_token_equals_causal_attention(kv_heads):
     batch, length, heads, head_dim, slots = 3, 7, 6, 5, 11
-    q_key, k_key, v_key = jax.random.split(key, 3)
-    query = jax.random.normal(q_key, (batch, length, heads, head_dim))
-    key_ = jax.random.normal(k_key, (batch, length, kv_heads, head_dim))
-    value = jax.random.normal(v_key, (batch, length, kv_heads, head_dim))
+    query = normal((batch, length, heads, head_dim), 1)
+    key_ = normal((batch, length, kv_heads, head_dim), 2)
+    value = normal((batch, length, kv_heads, head_dim), 3)
     cache = jaxloops.init_kv_cache(layers=1, batch=batch, length=slots, kv_heads=kv_heads,
                                    head_dim=head_dim, dtype=jnp.float32)
     cache_key, cache_value = cache["key"][0], cache["value"][0]

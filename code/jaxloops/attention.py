@@ -4,8 +4,10 @@ Layout and semantics follow `jax.nn.dot_product_attention`: query (B, T, N, H),
 key/value (B, S, K, H), query head n reads key/value head n // G with G = N // K.
 """
 
+import functools
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -89,6 +91,7 @@ def softmax(scores):
     return weights / weights.sum(axis=-1, keepdims=True)
 
 
+@functools.partial(jax.jit, static_argnames=("is_causal",))
 def attention(query, key, value, *, is_causal: bool = False, mask=None):
     """Naive attention: materialises the (T, S) scores for every batch and head.
 

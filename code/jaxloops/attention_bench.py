@@ -40,15 +40,18 @@ def reference_attention(query, key, value, *, is_causal: bool = False) -> np.nda
     return out.reshape(B, T, N, H)
 
 
-def random_qkv(key, *, batch: int, length: int, heads: int, head_dim: int,
+def random_qkv(seed: int, *, batch: int, length: int, heads: int, head_dim: int,
                kv_heads: int | None = None, dtype="float32"):
-    """Standard-normal query (B, L, N, H) and key/value (B, L, K, H) in `dtype`."""
+    """Standard-normal query (B, L, N, H) and key/value (B, L, K, H) in `dtype`.
+
+    Drawn with NumPy from `seed`: jax.random would compile a new sampler for every shape
+    of the sweep, which on a CPU costs more than some of the attention calls it feeds.
+    """
     kv_heads = heads if kv_heads is None else kv_heads
-    q_key, k_key, v_key = jax.random.split(key, 3)
-    query = jax.random.normal(q_key, (batch, length, heads, head_dim), dtype)
-    key_ = jax.random.normal(k_key, (batch, length, kv_heads, head_dim), dtype)
-    value = jax.random.normal(v_key, (batch, length, kv_heads, head_dim), dtype)
-    return query, key_, value
+    rng = np.random.default_rng(seed)
+    draw = lambda n: jnp.asarray(rng.standard_normal((batch, length, n, head_dim), np.float32),
+                                 dtype)
+    return draw(heads), draw(kv_heads), draw(kv_heads)
 
 
 def attention_sweep(lengths, requests, *, batch: int, heads: int, head_dim: int,
@@ -66,7 +69,7 @@ def attention_sweep(lengths, requests, *, batch: int, heads: int, head_dim: int,
         qkv = {}
         for name, dtype in requests:
             if dtype not in qkv:
-                qkv[dtype] = random_qkv(jax.random.key(seed), batch=batch, length=length,
+                qkv[dtype] = random_qkv(seed, batch=batch, length=length,
                                         heads=heads, head_dim=head_dim, dtype=dtype)
             args = qkv[dtype]
             row = {"implementation": name, "dtype": dtype, "L": int(length),
@@ -97,7 +100,7 @@ def numerics_table(implementations, dtypes, *, batch: int, length: int, heads: i
     """
     rows = []
     for dtype in dtypes:
-        query, key, value = random_qkv(jax.random.key(seed), batch=batch, length=length,
+        query, key, value = random_qkv(seed, batch=batch, length=length,
                                        heads=heads, head_dim=head_dim, dtype=dtype)
         expected = reference_attention(query, key, value)
         for name in implementations:
@@ -143,10 +146,11 @@ def decode_sweep(cache_lengths, kv_heads, *, batch: int, heads: int, head_dim: i
     step = jax.jit(decode_attention)
     for kv in kv_heads:
         for length in cache_lengths:
-            query, _, _ = random_qkv(jax.random.key(seed), batch=batch, length=1,
-                                     heads=heads, head_dim=head_dim, dtype=dtype)
-            cache_key, cache_value = jax.random.normal(
-                jax.random.key(seed + 1), (2, batch, length, kv, head_dim), dtype)
+            query = random_qkv(seed, batch=batch, length=1, heads=heads, head_dim=head_dim,
+                               dtype=dtype)[0]  # (B, 1, N, H)
+            _, cache_key, cache_value = random_qkv(seed, batch=batch, length=length, heads=1,
+                                                   head_dim=head_dim, kv_heads=kv,
+                                                   dtype=dtype)  # (B, S, K, H)
             seconds = time_call(step, query, cache_key, cache_value, length,
                                 warmup=1, repeats=repeats)
             cache_bytes = cache_key.nbytes + cache_value.nbytes
@@ -162,3 +166,22 @@ def read_bandwidth(nbytes: int, *, repeats: int, dtype="float32") -> float:
     array = jnp.ones((nbytes // jnp.dtype(dtype).itemsize,), dtype)
     read = jax.jit(lambda x: jnp.sum(x, dtype=jnp.float32))
     return array.nbytes / time_call(read, array, warmup=1, repeats=repeats)
+
+
+def markdown_table(rows, columns: dict) -> str:
+    """Rows of a sweep as a Markdown table.
+
+    Args:
+      rows: dicts, e.g. from a sweep above.
+      columns: {row key: header}; floats are shown with 3 significant digits, None as "—".
+    """
+    def cell(value):
+        if value is None or value == "":
+            return "—"
+        if isinstance(value, float):
+            return f"{value:.3g}"
+        return str(value).replace("|", "\\|").replace("$", "\\$")
+
+    lines = ["| " + " | ".join(columns.values()) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(row[key]) for key in columns) + " |" for row in rows]
+    return "\n".join(lines)

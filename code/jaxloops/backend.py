@@ -19,6 +19,8 @@ class Sizes:
     hidden: tuple[int, ...]
     batch_size: int
     epochs: int
+    learning_rate: float
+    weight_decay: float
     throughput_batch_sizes: tuple[int, ...]
     throughput_steps: int
     matmul_size: int
@@ -34,6 +36,21 @@ class Sizes:
     causal_lengths: tuple[int, ...]
     decode_batch: int
     decode_dtype: str
+    # Chapter 11: the character-level transformer.
+    lm_text_bytes: int  # bytes of standard-library source read (train + validation)
+    lm_layers: int  # L
+    lm_model_dim: int  # D
+    lm_heads: int  # N
+    lm_kv_heads: int  # K
+    lm_hidden_dim: int  # F
+    lm_seq_len: int  # T of training, and the length of the position table
+    lm_batch_size: int  # B
+    lm_steps: int  # train steps in all
+    lm_eval_every: int  # train steps between validation losses
+    lm_eval_windows: int  # validation windows each time
+    lm_learning_rate: float
+    lm_weight_decay: float
+    lm_decode_batch: int  # sequences generated at once
     # Timing.
     repeats: int
 
@@ -43,6 +60,8 @@ _CPU = Sizes(
     hidden=(256, 256),
     batch_size=128,
     epochs=30,
+    learning_rate=3e-3,
+    weight_decay=1e-2,
     throughput_batch_sizes=(16, 64, 128, 512),
     throughput_steps=10,
     matmul_size=1024,
@@ -57,6 +76,20 @@ _CPU = Sizes(
     causal_lengths=(512, 1024, 2048),
     decode_batch=8,
     decode_dtype="float32",
+    lm_text_bytes=2**20,
+    lm_layers=2,
+    lm_model_dim=64,
+    lm_heads=4,
+    lm_kv_heads=2,
+    lm_hidden_dim=256,
+    lm_seq_len=64,
+    lm_batch_size=16,
+    lm_steps=500,
+    lm_eval_every=50,
+    lm_eval_windows=128,
+    lm_learning_rate=3e-3,
+    lm_weight_decay=0.1,
+    lm_decode_batch=8,
     repeats=5,
 )
 
@@ -65,6 +98,8 @@ _GPU = Sizes(
     hidden=(1024, 1024),
     batch_size=128,
     epochs=30,
+    learning_rate=3e-3,
+    weight_decay=1e-2,
     throughput_batch_sizes=(128, 512, 2048, 8192, 32768),
     throughput_steps=10,
     matmul_size=8192,
@@ -79,6 +114,20 @@ _GPU = Sizes(
     causal_lengths=(1024, 2048, 4096, 8192, 16384),
     decode_batch=16,
     decode_dtype="bfloat16",
+    lm_text_bytes=3 * 2**20,
+    lm_layers=4,
+    lm_model_dim=256,
+    lm_heads=8,
+    lm_kv_heads=2,
+    lm_hidden_dim=1024,
+    lm_seq_len=256,
+    lm_batch_size=32,
+    lm_steps=2000,
+    lm_eval_every=100,
+    lm_eval_windows=512,
+    lm_learning_rate=1e-3,
+    lm_weight_decay=0.1,
+    lm_decode_batch=8,
     repeats=20,
 )
 

@@ -5,6 +5,7 @@ query block a `lax.scan` walks the key blocks carrying the running max, the runn
 exponentials and the unnormalised output, rescaling them when the max grows.
 """
 
+import functools
 import math
 
 import jax
@@ -45,6 +46,7 @@ def _pad_to(x, axis: int, multiple: int):
     return jnp.pad(x, widths)
 
 
+@functools.partial(jax.jit, static_argnames=("is_causal", "block_size"))
 def blockwise_attention(query, key, value, *, is_causal: bool = False, block_size: int = 128):
     """Attention that never materialises (T, S): memory grows linearly in the lengths.
 

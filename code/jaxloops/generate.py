@@ -18,16 +18,12 @@ def init_cache(params: Params, batch_size: int, length: int):
     """An empty KV cache: {"block_i": {"key", "value"} each zeros (B, S, K, H)}, S = length.
 
     Its dtype is that of the key projection, so a bfloat16 model gets a bfloat16 cache.
+    Only shapes and dtypes are read, so `jax.eval_shape(init_transformer, ...)` will do.
     """
-    D, K, H = params["block_0"]["attention"]["key"].shape  # (D, K, H)
+    _, K, H = params["block_0"]["attention"]["key"].shape  # (D, K, H)
     dtype = params["block_0"]["attention"]["key"].dtype
     zeros = lambda: jnp.zeros((batch_size, length, K, H), dtype)  # (B, S, K, H)
     return {f"block_{i}": {"key": zeros(), "value": zeros()} for i in range(num_blocks(params))}
-
-
-def cache_bytes(cache) -> int:
-    """Bytes the cache's arrays occupy (works on arrays and on `jax.eval_shape` results)."""
-    return sum(leaf.size * jnp.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(cache))
 
 
 def sample_token(key: jax.Array, logits: jax.Array, temperature: float) -> jax.Array:

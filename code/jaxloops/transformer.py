@@ -49,7 +49,8 @@ class TransformerConfig:
 
 
 def init_transformer(key: jax.Array, config: TransformerConfig) -> Params:
-    """GPT-2's initialisation: N(0, 0.02^2) everywhere, residual outputs / sqrt(2L), norms 1.
+    """Weights N(0, 1/fan_in), norm scales 1; the two projections that write into the
+    residual stream are also scaled by 1/sqrt(2L), so its variance does not grow with L.
 
     Returns:
       {"embed": {"tokens", "positions"}, "block_0": {"attention": {...}, "mlp": {...}}, ...,
@@ -58,19 +59,20 @@ def init_transformer(key: jax.Array, config: TransformerConfig) -> Params:
     V, L, D = config.vocab_size, config.num_layers, config.model_dim
     N, K, H, F = config.num_heads, config.num_kv_heads, config.head_dim, config.hidden_dim
     keys = iter(jax.random.split(key, 3 + 6 * L))
-    normal = lambda shape, std=0.02: float(__import__("os").environ.get("S","1")) * std * jax.random.normal(next(keys), shape)
-    residual_std = 0.02 / math.sqrt(2 * L)  # L blocks add 2L terms to the residual stream
-    params = {"embed": {"tokens": normal((V, D)), "positions": normal((config.max_len, D))}}
+    normal = lambda shape, fan_in, gain=1.0: (
+        gain / math.sqrt(fan_in) * jax.random.normal(next(keys), shape))
+    residual = 1 / math.sqrt(2 * L)
+    params = {"embed": {"tokens": normal((V, D), D), "positions": normal((config.max_len, D), D)}}
     for i in range(L):
         params[f"block_{i}"] = {
-            "attention": {"norm": {"scale": jnp.ones(D)}, "query": normal((D, N, H)),
-                          "key": normal((D, K, H)), "value": normal((D, K, H)),
-                          "out": normal((N, H, D), residual_std)},
-            "mlp": {"norm": {"scale": jnp.ones(D)}, "w_in": normal((D, F)),
-                    "w_out": normal((F, D), residual_std)},
+            "attention": {"norm": {"scale": jnp.ones(D)}, "query": normal((D, N, H), D),
+                          "key": normal((D, K, H), D), "value": normal((D, K, H), D),
+                          "out": normal((N, H, D), N * H, residual)},
+            "mlp": {"norm": {"scale": jnp.ones(D)}, "w_in": normal((D, F), D),
+                    "w_out": normal((F, D), F, residual)},
         }
     params["norm"] = {"scale": jnp.ones(D)}
-    params["unembed"] = {"w": normal((D, V))}
+    params["unembed"] = {"w": normal((D, V), D)}
     return params
 
 
