@@ -1,12 +1,26 @@
 # Two commands a reader needs: `make book` and `make test`. Each creates .venv and installs
 # what it needs on first use (and again whenever a requirements file changes).
+# `make browser-test` then checks the built site in headless Chromium (tests/browser).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # A GPU listed by nvidia-smi selects the CUDA 12 requirements; anything else gets the CPU set.
 REQUIREMENTS := $(shell if nvidia-smi -L 2>/dev/null | grep -q GPU; then echo requirements-cuda12.txt; else echo requirements.txt; fi)
 
-.PHONY: book test clean venv
+# MathJax is served from the site itself, not from a CDN: `make book` fetches this exact npm
+# package (checked against its SHA-256) and unpacks its browser build into a git-ignored folder
+# that _config.yml copies into the site (html_static_path, mathjax_path).
+MATHJAX_VERSION := 3.2.2
+MATHJAX_SHA256 := 1b9c0a1c44df864e915690558e72adb9cc5203360daefd385084ced3b6c64c09
+MATHJAX_DIR := book/_static/mathjax
+MATHJAX_STAMP := $(MATHJAX_DIR)/VERSION-$(MATHJAX_VERSION)
+MATHJAX_TMP := _build/mathjax-download
+
+# The browser suite's inputs: the built site and Debian's Chromium (no browser download).
+HTML ?= _build/html
+CHROMIUM ?= /usr/bin/chromium
+
+.PHONY: book test clean venv mathjax browser-test
 
 venv: $(VENV)/.installed
 
@@ -16,13 +30,42 @@ $(VENV)/.installed: requirements.txt requirements-cuda12.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet -r $(REQUIREMENTS)
 	touch $@
 
+$(VENV)/.browser-installed: requirements-browser.txt $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet -r requirements-browser.txt
+	touch $@
+
+mathjax: $(MATHJAX_STAMP)
+
+# The browser build (es5/) without what this site never loads: the SVG output, the other
+# combined entry points, and latest.js (which would fetch MathJax from a CDN).
+$(MATHJAX_STAMP):
+	@command -v npm >/dev/null || { echo "npm (Node.js) is needed to fetch MathJax from the npm registry"; exit 1; }
+	rm -rf $(MATHJAX_DIR) $(MATHJAX_TMP)
+	mkdir -p $(dir $(MATHJAX_DIR))
+	mkdir -p $(MATHJAX_TMP)
+	cd $(MATHJAX_TMP) && npm pack --silent mathjax@$(MATHJAX_VERSION) >/dev/null
+	echo "$(MATHJAX_SHA256)  $(MATHJAX_TMP)/mathjax-$(MATHJAX_VERSION).tgz" | sha256sum --check --quiet
+	tar -xzf $(MATHJAX_TMP)/mathjax-$(MATHJAX_VERSION).tgz -C $(MATHJAX_TMP) --strip-components=2 package/es5
+	cd $(MATHJAX_TMP) && rm -rf mathjax-$(MATHJAX_VERSION).tgz latest.js node-main.js output/svg output/svg.js \
+	  tex-chtml.js tex-chtml-full.js tex-chtml-full-speech.js tex-svg.js tex-svg-full.js tex-mml-svg.js mml-chtml.js mml-svg.js
+	test -f $(MATHJAX_TMP)/tex-mml-chtml.js
+	mv $(MATHJAX_TMP) $(MATHJAX_DIR)
+	touch $@
+
 test: venv
 	$(BIN)/python -m pytest
 
-book: venv
+book: venv mathjax
 	rm -rf _build/html _build/.doctrees _build/jupyter_execute
 	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 	@echo "Open _build/html/index.html in a browser."
 
+# Serves $(HTML) on localhost and drives headless Chromium over every page; also checks every
+# internal link and anchor. Build first (`make book`); HTML=... points it at another build.
+browser-test: $(VENV)/.browser-installed
+	@test -f $(HTML)/index.html || { echo "no built book in $(HTML): run 'make book' first (or pass HTML=...)"; exit 1; }
+	@test -x $(CHROMIUM) || { echo "no Chromium at $(CHROMIUM): 'apt-get install chromium' (Debian), or pass CHROMIUM=..."; exit 1; }
+	BOOK_HTML=$(HTML) CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests/browser
+
 clean:
-	rm -rf _build .pytest_cache
+	rm -rf _build .pytest_cache $(MATHJAX_DIR)

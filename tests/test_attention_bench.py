@@ -17,7 +17,7 @@ def test_reference_matches_naive_in_float64_terms():
 
 def test_naive_scratch_and_flops_grow_with_the_square_of_length():
     rows = jaxloops.attention_sweep((16, 32), [("naive", "float32")], batch=3, heads=5,
-                                    head_dim=7, block_size=8, repeats=1, naive_max_length=32)
+                                    head_dim=7, block_size=8, repeats=1, materialise_max_length=32)
     small, large = rows
     assert small["temp_bytes"] >= 3 * 5 * 16 * 16 * 4  # the (B, N, T, S) float32 scores
     assert large["flops"] == pytest.approx(4 * small["flops"], rel=0.05)

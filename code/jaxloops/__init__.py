@@ -20,6 +20,7 @@ from jaxloops.attention_bench import reference_attention
 from jaxloops.backend import Sizes
 from jaxloops.backend import describe_backend
 from jaxloops.backend import experiment_sizes
+from jaxloops.backend import gpu_facts
 from jaxloops.backend import run_label
 from jaxloops.backend import versions
 from jaxloops.blockwise import blockwise_attention
@@ -37,6 +38,19 @@ from jaxloops.evaluate import evaluate
 from jaxloops.evaluate import most_confused
 from jaxloops.evaluate import pad_batches
 from jaxloops.evaluate import per_class_accuracy
+from jaxloops.exercises import adamw_update
+from jaxloops.exercises import epoch_example_counts
+from jaxloops.exercises import host_syncs
+from jaxloops.exercises import label_smoothed_cross_entropy
+from jaxloops.exercises import make_accumulating_train_step
+from jaxloops.exercises import make_clipped_optimizer
+from jaxloops.exercises import mlp_parameter_count
+from jaxloops.exercises import momentum_update
+from jaxloops.exercises import precision_recall_f1
+from jaxloops.exercises import ragged_compile_count
+from jaxloops.exercises import softmax_cross_entropy_grad
+from jaxloops.exercises import top_k_accuracy
+from jaxloops.exercises import traced_shapes
 from jaxloops.grads import finite_difference
 from jaxloops.grads import sgd_update
 from jaxloops.kernels import attention_fn
@@ -73,6 +87,7 @@ from jaxloops.train import make_train_step
 __all__ = (
     "accuracy",
     "accuracy_from_confusion",
+    "adamw_update",
     "allocated_bytes",
     "attention",
     "attention_fn",
@@ -96,40 +111,53 @@ __all__ = (
     "decode_sweep",
     "describe_backend",
     "epoch_batches",
+    "epoch_example_counts",
     "EvalBatches",
     "evaluate",
     "experiment_sizes",
     "finite_difference",
     "fit",
+    "gpu_facts",
+    "host_syncs",
     "implementation_report",
     "init_kv_cache",
     "init_mlp",
     "kv_cache_bytes",
+    "label_smoothed_cross_entropy",
     "load_digits_split",
+    "make_accumulating_train_step",
+    "make_clipped_optimizer",
     "make_epoch",
     "make_optimizer",
     "make_train_step",
     "matmul_throughput",
     "mlp_logits",
     "mlp_loss",
+    "mlp_parameter_count",
+    "momentum_update",
     "most_confused",
     "numerics_table",
     "online_softmax_step",
     "pad_batches",
     "per_class_accuracy",
+    "precision_recall_f1",
     "python_loop",
     "ragged_batches",
+    "ragged_compile_count",
     "random_qkv",
     "read_bandwidth",
     "reference_attention",
     "run_attention",
     "sgd_update",
     "Sizes",
+    "softmax_cross_entropy_grad",
     "Split",
     "run_label",
     "time_call",
     "time_dispatch",
     "to_device",
+    "top_k_accuracy",
+    "traced_shapes",
     "unstack",
     "uses_cudnn_kernel",
     "versions",

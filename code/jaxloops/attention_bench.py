@@ -17,6 +17,8 @@ from jaxloops.timing import compiled_flops
 from jaxloops.timing import compiled_temp_bytes
 from jaxloops.timing import time_call
 
+MATERIALISING = ("naive", "xla")  # implementations that build the (B, N, T, S) scores
+
 
 def reference_attention(query, key, value, *, is_causal: bool = False) -> np.ndarray:
     """Attention in NumPy float64, the yardstick for numerical error.
@@ -55,14 +57,14 @@ def random_qkv(seed: int, *, batch: int, length: int, heads: int, head_dim: int,
 
 
 def attention_sweep(lengths, requests, *, batch: int, heads: int, head_dim: int,
-                    block_size: int, repeats: int, naive_max_length: int,
+                    block_size: int, repeats: int, materialise_max_length: int,
                     is_causal: bool = False, seed: int = 0) -> list[dict]:
     """Temporary bytes, FLOPs and median latency of each (implementation, dtype) at each L.
 
     One compile per point serves all three. FLOPs are None for blockwise: XLA's cost
     analysis counts a loop body once, not once per trip. A request that does not run gets
-    seconds None and the reason in `error`; naive is compiled but not run beyond
-    `naive_max_length`, where its (T, S) scores would not fit comfortably.
+    seconds None and the reason in `error`; naive and XLA, which materialise the (T, S)
+    scores, are compiled but not run beyond `materialise_max_length`.
     """
     rows = []
     for length in lengths:
@@ -77,8 +79,9 @@ def attention_sweep(lengths, requests, *, batch: int, heads: int, head_dim: int,
                    "seconds": None, "error": ""}
             rows.append(row)
             fn = attention_fn(name, is_causal=is_causal, block_size=block_size)
-            if name == "naive" and length > naive_max_length:
+            if name in MATERIALISING and length > materialise_max_length:
                 row["temp_bytes"] = compiled_temp_bytes(fn, *args)
+                row["flops"] = compiled_flops(fn, *args)
                 row["error"] = f"not run: needs {row['temp_bytes'] / 2**30:.1f} GiB of scratch"
                 continue
             # One checked run: it compiles (and warms up), and catches a refusal with its text.
@@ -116,11 +119,12 @@ def numerics_table(implementations, dtypes, *, batch: int, length: int, heads: i
 
 
 def causal_sweep(lengths, implementations, *, dtype, batch: int, heads: int, head_dim: int,
-                 block_size: int, repeats: int, seed: int = 0) -> list[dict]:
+                 block_size: int, repeats: int, materialise_max_length: int,
+                 seed: int = 0) -> list[dict]:
     """Full vs causal latency of each implementation at each L, and the speedup."""
     rows = []
     common = dict(batch=batch, heads=heads, head_dim=head_dim, block_size=block_size,
-                  repeats=repeats, naive_max_length=max(lengths), seed=seed)
+                  repeats=repeats, materialise_max_length=materialise_max_length, seed=seed)
     requests = [(name, dtype) for name in implementations]
     full = attention_sweep(lengths, requests, is_causal=False, **common)
     causal = attention_sweep(lengths, requests, is_causal=True, **common)
@@ -135,28 +139,38 @@ def causal_sweep(lengths, implementations, *, dtype, batch: int, heads: int, hea
     return rows
 
 
+def _random_cache(seed: int, batch: int, length: int, kv_heads: int, head_dim: int, dtype):
+    """A (B, S, K, H) cache of random values: 256 random slots tiled on the device."""
+    slots = min(length, 256)
+    tile = np.random.default_rng(seed).standard_normal((batch, slots, kv_heads, head_dim),
+                                                       np.float32)
+    repeats = -(-length // slots)
+    return jnp.tile(jnp.asarray(tile, dtype), (1, repeats, 1, 1))[:, :length]  # (B, S, K, H)
+
+
 def decode_sweep(cache_lengths, kv_heads, *, batch: int, heads: int, head_dim: int,
                  dtype, repeats: int, seed: int = 0) -> list[dict]:
     """Latency of one decode step (T = 1 against S cached tokens) for each K and S.
 
     Returns:
-      Rows with K, S, seconds, cache_bytes (the K and V arrays read) and bytes_per_second.
+      Rows with K, S, seconds, cache_bytes (the K and V arrays read), bytes_per_second
+      and flops (4 * B * N * S * H, the two matrix-vector products).
     """
     rows = []
     step = jax.jit(decode_attention)
+    query = random_qkv(seed, batch=batch, length=1, heads=heads, head_dim=head_dim,
+                       dtype=dtype)[0]  # (B, 1, N, H)
     for kv in kv_heads:
         for length in cache_lengths:
-            query = random_qkv(seed, batch=batch, length=1, heads=heads, head_dim=head_dim,
-                               dtype=dtype)[0]  # (B, 1, N, H)
-            _, cache_key, cache_value = random_qkv(seed, batch=batch, length=length, heads=1,
-                                                   head_dim=head_dim, kv_heads=kv,
-                                                   dtype=dtype)  # (B, S, K, H)
+            cache_key = _random_cache(seed + 1, batch, length, kv, head_dim, dtype)
+            cache_value = _random_cache(seed + 2, batch, length, kv, head_dim, dtype)
             seconds = time_call(step, query, cache_key, cache_value, length,
                                 warmup=1, repeats=repeats)
             cache_bytes = cache_key.nbytes + cache_value.nbytes
             rows.append({"K": int(kv), "S": int(length), "seconds": seconds,
                          "cache_bytes": int(cache_bytes),
-                         "bytes_per_second": cache_bytes / seconds})
+                         "bytes_per_second": cache_bytes / seconds,
+                         "flops": 4 * batch * heads * length * head_dim})
             del cache_key, cache_value
     return rows
 

@@ -3,6 +3,9 @@
 import dataclasses
 import os
 import platform
+import re
+import shutil
+import subprocess
 
 import jax
 
@@ -30,7 +33,7 @@ class Sizes:
     attention_head_dim: int
     decode_cache_lengths: tuple[int, ...]
     attention_block_size: int  # blockwise attention's query and key block
-    attention_naive_max_length: int  # longest L whose (T, S) scores the sweep materialises
+    attention_materialise_max_length: int  # longest L at which naive and XLA are run
     attention_fused_dtypes: tuple[str, ...]  # dtypes the sweep requests cuDNN (and XLA) in
     attention_repeats: int  # timed calls per point of the attention sweeps
     causal_lengths: tuple[int, ...]
@@ -70,7 +73,7 @@ _CPU = Sizes(
     attention_head_dim=64,
     decode_cache_lengths=(512, 1024, 2048, 4096, 8192),
     attention_block_size=256,
-    attention_naive_max_length=4096,
+    attention_materialise_max_length=4096,
     attention_fused_dtypes=(),
     attention_repeats=3,
     causal_lengths=(512, 1024, 2048),
@@ -108,7 +111,7 @@ _GPU = Sizes(
     attention_head_dim=64,
     decode_cache_lengths=(1024, 4096, 16384, 65536),
     attention_block_size=512,
-    attention_naive_max_length=8192,
+    attention_materialise_max_length=8192,
     attention_fused_dtypes=("bfloat16", "float16"),
     attention_repeats=20,
     causal_lengths=(1024, 2048, 4096, 8192, 16384),
@@ -172,3 +175,36 @@ def versions() -> dict[str, str]:
         "jaxlib": jaxlib.__version__,
         "optax": optax.__version__,
     }
+
+
+def gpu_facts(run=subprocess.run) -> dict[str, str]:
+    """NVIDIA GPUs, driver, and the CUDA and cuDNN versions in use; {} when no GPU is present.
+
+    Args:
+      run: runs a command like `subprocess.run` (the tests pass a stand-in).
+    """
+    if shutil.which("nvidia-smi") is None:
+        return {}
+    query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
+    try:
+        rows = run(query, capture_output=True, text=True, timeout=60, check=True).stdout
+        header = run(["nvidia-smi"], capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    gpus = [[field.strip() for field in line.split(",")] for line in rows.splitlines() if line.strip()]
+    if not gpus:
+        return {}
+    facts = {"gpus": "; ".join(f"{name} ({memory})" for name, _, memory in gpus), "driver": gpus[0][1]}
+    match = re.search(r"CUDA Version:\s*([\d.]+)", header)
+    if match:
+        facts["cuda_driver"] = match.group(1)  # the newest CUDA the driver supports
+    try:  # what jaxlib's CUDA plugin loaded; a private module, so absent is not an error
+        from jax._src.lib import cuda_versions
+
+        if cuda_versions is not None:
+            runtime, cudnn = cuda_versions.cuda_runtime_get_version(), cuda_versions.cudnn_get_version()
+            facts["cuda_runtime"] = f"{runtime // 1000}.{runtime % 1000 // 10}"
+            facts["cudnn"] = f"{cudnn // 10000}.{cudnn % 10000 // 100}.{cudnn % 100}"
+    except Exception:  # noqa: BLE001 - an older or newer jaxlib without these functions
+        pass
+    return facts

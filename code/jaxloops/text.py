@@ -6,6 +6,7 @@ concatenated up to a byte budget. Every build on the same Python reads the same 
 Characters outside printable ASCII map to one fixed character, so the vocabulary V is fixed.
 """
 
+import functools
 import pathlib
 import platform
 import sysconfig
@@ -86,6 +87,7 @@ def load_stdlib_corpus(num_bytes: int, validation_fraction: float = 0.1) -> Corp
     return Corpus(ids[:cut], ids[cut:], tuple(names), platform.python_version())
 
 
+@functools.partial(jax.jit, static_argnames=("steps", "batch_size", "seq_len"))
 def sample_windows(key: jax.Array, tokens: jax.Array, steps: int, batch_size: int,
                    seq_len: int) -> Batch:
     """Random windows of `tokens` for `steps` train steps, drawn on the device.

@@ -1,0 +1,212 @@
+"""Recorded GPU runs: the facts of the machine, the results file, and how the book shows it.
+
+A GPU run (scripts/gpu_run.sh) writes one JSON file; the book renders it next to the live
+build's own figures, labelled with the device and date it was measured on.
+"""
+
+import datetime
+import json
+import pathlib
+import shutil
+import subprocess
+
+import jax
+
+from jaxloops.backend import versions
+
+# Top-level sections every results file must have, and what each holds.
+RESULT_SECTIONS = {
+    "facts": "device, driver, CUDA/cuDNN and package versions, date",
+    "matmul": "measured matmul FLOP/s per dtype",
+    "attention": "attention sweep rows (implementation, dtype, L, seconds, ...)",
+    "causal": "causal vs full attention rows",
+    "mlp": "device-loop throughput rows of the MLP at large batch",
+    "build": "test and book-build wall times in seconds",
+}
+
+
+def _nvidia_smi() -> dict[str, str]:
+    """Driver version, GPU name and memory from nvidia-smi; {} where it is absent."""
+    if shutil.which("nvidia-smi") is None:
+        return {}
+    query = "--query-gpu=name,driver_version,memory.total"
+    try:
+        out = subprocess.run(["nvidia-smi", query, "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20, check=True).stdout.strip().splitlines()
+    except (subprocess.SubprocessError, OSError):
+        return {}
+    name, driver, memory = (part.strip() for part in out[0].split(","))
+    return {"gpu_name": name, "driver": driver, "gpu_memory": memory}
+
+
+def _cuda_versions() -> dict[str, str]:
+    """CUDA runtime/driver and cuDNN versions as JAX's CUDA plugin reports them; {} on CPU."""
+    from jax._src.lib import cuda_versions  # None without a CUDA plugin
+
+    if cuda_versions is None or jax.default_backend() != "gpu":
+        return {}
+    facts = {}
+    for name in ("cuda_runtime_get_version", "cuda_driver_get_version", "cudnn_get_version"):
+        getter = getattr(cuda_versions, name, None)
+        try:
+            facts[name.removesuffix("_get_version")] = str(getter()) if getter else "unknown"
+        except Exception as error:  # noqa: BLE001 -- report, do not guess
+            facts[name.removesuffix("_get_version")] = f"unavailable ({type(error).__name__})"
+    return facts
+
+
+def accelerator_facts() -> dict[str, str]:
+    """What a results file or the build-information page says about the machine."""
+    device = jax.devices()[0]
+    facts = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "backend": jax.default_backend(),
+        "device_kind": device.device_kind,
+        "device_count": str(jax.device_count()),
+    }
+    facts.update(versions())
+    facts.update(_nvidia_smi())
+    facts.update(_cuda_versions())
+    return facts
+
+
+def check_results(results: dict) -> dict:
+    """Raises ValueError naming what a results file lacks; returns it unchanged otherwise."""
+    if not isinstance(results, dict):
+        raise ValueError(f"a results file holds a JSON object, not {type(results).__name__}")
+    missing = [key for key in RESULT_SECTIONS if key not in results]
+    if missing:
+        raise ValueError(f"results file lacks section(s) {missing}; expected {list(RESULT_SECTIONS)}")
+    for key in ("date", "device_kind", "backend"):
+        if key not in results["facts"]:
+            raise ValueError(f"results file's facts lack {key!r}")
+    if results["facts"].get("tiny"):
+        raise ValueError("this results file is a --tiny pipeline check, not a GPU measurement")
+    return results
+
+
+# Where a recorded GPU run is committed: results/gpu/results.json at the repository root.
+RECORDED_RESULTS = pathlib.Path(__file__).resolve().parents[2] / "results" / "gpu" / "results.json"
+
+
+def load_results(path=RECORDED_RESULTS) -> dict | None:
+    """The recorded results at `path`, checked; None where no run has been recorded."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        return None
+    try:
+        results = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from error
+    return check_results(results)
+
+
+def attention_flops(*, batch: int, heads: int, length: int, head_dim: int, is_causal: bool) -> float:
+    """Matmul FLOPs of attention's two products (Q·Kᵀ and P·V): 4·B·N·T·S·H, halved if causal.
+
+    A fused kernel hides its work from XLA's cost analysis, so its FLOP/s use this count.
+    """
+    flops = 4.0 * batch * heads * length * length * head_dim
+    return flops / 2 if is_causal else flops
+
+
+def goals(results: dict) -> list[dict]:
+    """The GPU goals of the book, each with the measured value and whether it was met."""
+    check_results(results)
+    rows = []
+    config = results.get("attention_config", {})
+    by_key = {(r["implementation"], r["dtype"], r["L"]): r for r in results["attention"]}
+    cudnn = by_key.get(("cudnn", "bfloat16", 8192))
+    naive = by_key.get(("naive", "bfloat16", 8192))
+    bf16_ceiling = results["matmul"].get("bfloat16")
+    if cudnn and cudnn.get("seconds") and bf16_ceiling and config:
+        flops = attention_flops(batch=config["batch"], heads=config["heads"], length=8192,
+                                head_dim=config["head_dim"], is_causal=False)
+        fraction = flops / cudnn["seconds"] / bf16_ceiling
+        rows.append({"goal": "cuDNN attention, L = 8192, bf16: ≥ 50 % of bf16 matmul FLOP/s",
+                     "measured": f"{100 * fraction:.1f} %", "met": fraction >= 0.5})
+    else:
+        why = (cudnn or {}).get("error") or "no cuDNN bf16 row at L = 8192"
+        rows.append({"goal": "cuDNN attention, L = 8192, bf16: ≥ 50 % of bf16 matmul FLOP/s",
+                     "measured": f"not measured: {why}", "met": False})
+    if cudnn and cudnn.get("seconds") and naive and naive.get("seconds"):
+        speedup = naive["seconds"] / cudnn["seconds"]
+        rows.append({"goal": "cuDNN attention, L = 8192, bf16: ≥ 10× naive",
+                     "measured": f"{speedup:.1f}×", "met": speedup >= 10})
+    else:
+        rows.append({"goal": "cuDNN attention, L = 8192, bf16: ≥ 10× naive",
+                     "measured": "not measured (a row is missing or did not run)", "met": False})
+    f32_ceiling = results["matmul"].get("float32")
+    if results["mlp"] and f32_ceiling:
+        best = max(results["mlp"], key=lambda r: r["flops_per_s"])
+        rows.append({"goal": "MLP device loop: fraction of the f32 matmul ceiling (reported)",
+                     "measured": f"{100 * best['flops_per_s'] / f32_ceiling:.1f} % at batch {best['batch_size']}",
+                     "met": None})
+    build = results["build"]
+    if "book_seconds" in build:
+        rows.append({"goal": "strict book build on the GPU (reported)",
+                     "measured": f"{build['book_seconds']:.0f} s", "met": None})
+    return rows
+
+
+def markdown_rows(rows: list[dict], columns: dict[str, str]) -> str:
+    """A Markdown table of `rows`, one column per key of `columns` (key: header)."""
+    def cell(value):
+        if value is None:
+            return "—"
+        if value is True or value is False:
+            return "yes" if value else "**no**"
+        if isinstance(value, float):
+            return f"{value:.3g}"
+        return str(value).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(columns.values()) + " |", "|" + " --- |" * len(columns)]
+    lines += ["| " + " | ".join(cell(row.get(key)) for key in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def label(results: dict | None) -> str:
+    """"<device>, <date>" for a recorded run, or a plain statement that none is recorded."""
+    if results is None:
+        return "no GPU run is recorded in this copy of the book"
+    facts = results["facts"]
+    return f"{facts.get('gpu_name', facts['device_kind'])}, measured {facts['date']}"
+
+
+def sidebar(results: dict | None, rows_for: str) -> str:
+    """Markdown for a chapter's "Measured on a GPU" sidebar.
+
+    Args:
+      rows_for: "mlp" or "attention": which recorded figures the chapter shows.
+    """
+    if results is None:
+        return ("No GPU run is recorded in this copy of the book yet; the figures on this "
+                "page are from this build's own device. See the appendix *Measured on a GPU*.")
+    if rows_for == "mlp":
+        ceiling = results["matmul"].get("float32")
+        rows = [{"batch": r["batch_size"], "steps/s": r["steps_per_s"],
+                 "of f32 ceiling": f"{100 * r['flops_per_s'] / ceiling:.0f} %" if ceiling else None}
+                for r in results["mlp"]]
+        table = markdown_rows(rows, {"batch": "batch", "steps/s": "steps/s", "of f32 ceiling": "of ceiling"})
+    elif rows_for == "attention":
+        longest = max(r["L"] for r in results["attention"])
+        rows = [r for r in results["attention"] if r["L"] == longest]
+        table = markdown_rows(rows, {"implementation": "implementation", "dtype": "dtype",
+                                     "seconds": "seconds", "error": "error"})
+    else:
+        raise ValueError(f"rows_for is {rows_for!r}; expected 'mlp' or 'attention'")
+    return f"Recorded on {label(results)}:\n\n{table}"
+
+
+def plot_attention(results: dict, ax) -> None:
+    """Latency against L of every recorded (implementation, dtype) that ran, log-log."""
+    series = {}
+    for row in results["attention"]:
+        if row.get("seconds"):
+            series.setdefault((row["implementation"], row["dtype"]), []).append((row["L"], row["seconds"]))
+    for (name, dtype), points in sorted(series.items()):
+        points.sort()
+        ax.plot([p[0] for p in points], [1e3 * p[1] for p in points], marker="o", label=f"{name} {dtype}")
+    ax.set(xscale="log", yscale="log", xlabel="sequence length L", ylabel="latency (ms)",
+           title=f"attention on {label(results)}")
+    ax.legend(fontsize=8)

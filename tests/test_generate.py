@@ -1,0 +1,87 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxloops.generate import generate, generate_without_cache, init_cache, sample_token
+from jaxloops.kvcache import kv_cache_bytes
+from jaxloops.transformer import TransformerConfig, cached_logits, init_transformer
+from jaxloops.transformer import transformer_logits
+
+# The config of test_transformer (one compile of init for both): V 13, L 2, D 30, N 10,
+# K 5 (G = 2), H 3, F 21, max_len 11; prompts B 7, P 5.
+CONFIG = TransformerConfig(vocab_size=13, num_layers=2, model_dim=30, num_heads=10,
+                           num_kv_heads=5, hidden_dim=21, max_len=11)
+STEPS = 5  # P + STEPS = 10 < max_len
+
+
+@pytest.fixture(scope="module")
+def params():
+    return init_transformer(jax.random.key(1), CONFIG)
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    rng = np.random.default_rng(4)
+    return jnp.asarray(rng.integers(0, CONFIG.vocab_size, (7, 5), dtype=np.int32))  # (B, P)
+
+
+def test_cache_has_one_key_and_value_per_layer_of_the_formulas_size(params):
+    cache = init_cache(params, batch_size=7, length=15)
+    assert sorted(cache) == ["block_0", "block_1"]
+    assert cache["block_1"]["key"].shape == (7, 15, 5, 3)  # (B, S, K, H)
+    nbytes = sum(leaf.nbytes for leaf in jax.tree.leaves(cache))
+    assert nbytes == kv_cache_bytes(layers=2, kv_heads=5, head_dim=3, length=15, batch=7,
+                                    bytes_per_element=4)
+
+
+def test_prefill_then_decode_steps_give_the_full_forward_logits(params):
+    tokens = jnp.asarray(np.random.default_rng(5).integers(0, 13, (7, 11), dtype=np.int32))
+
+    @jax.jit
+    def cached_then_full(params, tokens):
+        cache = init_cache(params, batch_size=7, length=11)
+        prefill, cache = cached_logits(params, tokens[:, :5], cache, 0)  # (B, P, V)
+
+        def decode(cache, t):  # one token at a time, each reading the cache
+            token = jax.lax.dynamic_slice_in_dim(tokens, t, 1, axis=1)  # (B, 1)
+            logits, cache = cached_logits(params, token, cache, t)  # (B, 1, V)
+            return cache, logits[:, 0]
+
+        _, decoded = jax.lax.scan(decode, cache, jnp.arange(5, 11))  # (T - P, B, V)
+        cached = jnp.concatenate([prefill, decoded.transpose(1, 0, 2)], axis=1)  # (B, T, V)
+        return cached, transformer_logits(params, tokens)
+
+    cached, full = cached_then_full(params, tokens)
+    assert cached.shape == full.shape == (7, 11, 13)  # (B, T, V)
+    np.testing.assert_allclose(cached, full, atol=1e-5, rtol=1e-5)
+
+
+def test_generation_is_deterministic_for_a_key_and_varies_across_keys(params, prompt):
+    first = generate(params, prompt, jax.random.key(0), steps=STEPS)
+    again = generate(params, prompt, jax.random.key(0), steps=STEPS)
+    other = generate(params, prompt, jax.random.key(1), steps=STEPS)
+    assert first.shape == (7, 10) and first.dtype == jnp.int32
+    np.testing.assert_array_equal(first, again)
+    np.testing.assert_array_equal(first[:, :5], prompt)
+    assert int((first[:, 5:] != other[:, 5:]).sum()) > 0
+
+
+def test_cached_and_recomputing_decoders_sample_the_same_tokens(params, prompt):
+    cached = generate(params, prompt, jax.random.key(0), steps=STEPS)
+    recomputed = generate_without_cache(params, prompt, jax.random.key(0), steps=STEPS)
+    np.testing.assert_array_equal(cached, recomputed)
+
+
+def test_temperature_zero_is_greedy():
+    logits = jnp.array([[0.0, 3.0, 1.0], [2.0, -1.0, 0.5]])  # (B, V)
+    np.testing.assert_array_equal(sample_token(jax.random.key(0), logits, 0.0), [1, 0])
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        sample_token(jax.random.key(0), logits, -1.0)
+
+
+def test_generation_longer_than_the_position_table_raises(params, prompt):
+    with pytest.raises(ValueError, match=r"12 positions is longer than the position table \(11"):
+        generate(params, prompt, jax.random.key(0), steps=7)
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        generate_without_cache(params, prompt, jax.random.key(0), steps=0)

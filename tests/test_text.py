@@ -1,0 +1,71 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxloops.text import ALPHABET, UNKNOWN, VOCAB_SIZE, decode, encode, load_stdlib_corpus
+from jaxloops.text import sample_windows, spaced_windows, stdlib_files
+
+
+def test_vocabulary_is_newline_and_printable_ascii():
+    assert VOCAB_SIZE == 96
+    assert ALPHABET[0] == "\n" and ALPHABET[1:] == "".join(map(chr, range(32, 127)))
+
+
+def test_encode_decode_round_trip_and_unknown_characters():
+    text = "def f(x):\n    return x ** 2  # ~ok"
+    ids = encode(text)
+    assert ids.dtype == np.int32 and ids.shape == (len(text),)
+    assert decode(ids) == text
+    assert decode(encode("a\tb\u00e9\u2192c")) == f"a{UNKNOWN}b{UNKNOWN}{UNKNOWN}c"
+
+
+def test_decode_rejects_ids_outside_the_vocabulary():
+    with pytest.raises(ValueError, match=r"expected \[0, 95\]"):
+        decode([3, VOCAB_SIZE])
+
+
+def test_corpus_is_a_deterministic_sorted_selection():
+    files = stdlib_files()
+    names = [f.name for f in files]
+    assert names == sorted(names) and not any(n.startswith("_") for n in names)
+    num_bytes = 5_000
+    first, second = load_stdlib_corpus(num_bytes, 0.2), load_stdlib_corpus(num_bytes, 0.2)
+    np.testing.assert_array_equal(first.train, second.train)
+    np.testing.assert_array_equal(first.validation, second.validation)
+    expected = encode(files[0].read_bytes()[:num_bytes].decode("utf-8", errors="replace"))
+    joined = np.concatenate([first.train, first.validation])
+    np.testing.assert_array_equal(joined, expected[: len(joined)])
+    assert first.files == tuple(names[: len(first.files)])
+    assert len(first.validation) == len(joined) - int(len(joined) * 0.8)
+
+
+def test_corpus_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="validation_fraction"):
+        load_stdlib_corpus(1_000, validation_fraction=1.0)
+    with pytest.raises(ValueError, match="asked for"):
+        load_stdlib_corpus(10**12)
+
+
+def test_sample_windows_targets_are_the_next_tokens():
+    tokens = jnp.arange(53, dtype=jnp.int32)  # token i is i, so windows are easy to read
+    batch = sample_windows(jax.random.key(3), tokens, steps=5, batch_size=3, seq_len=7)
+    assert batch.x.shape == batch.y.shape == (5, 3, 7)
+    np.testing.assert_array_equal(batch.y, batch.x + 1)
+    np.testing.assert_array_equal(jnp.diff(batch.x, axis=-1), 1)  # contiguous windows
+    assert int(batch.y.max()) <= 52
+
+
+def test_sample_windows_rejects_short_text():
+    with pytest.raises(ValueError, match="too short"):
+        sample_windows(jax.random.key(0), jnp.arange(7), steps=1, batch_size=1, seq_len=7)
+
+
+def test_spaced_windows_cover_the_text_from_start_to_end():
+    tokens = np.arange(101, dtype=np.int32)
+    batch = spaced_windows(tokens, seq_len=9, count=5)
+    assert batch.x.shape == (5, 9)
+    assert int(batch.x[0, 0]) == 0 and int(batch.y[-1, -1]) == 100
+    np.testing.assert_array_equal(batch.y, batch.x + 1)
+    with pytest.raises(ValueError, match="cannot cut"):
+        spaced_windows(tokens[:9], seq_len=9, count=1)
