@@ -7,7 +7,8 @@
 #
 # Python: if $PYTHON (default python3) already imports a JAX that sees a GPU -- e.g. a
 # machine with JAX and its CUDA 13 plugin preinstalled -- it is used as it is. Packages it
-# lacks (jupyter-book, myst-nb, ...) are installed from wheels in $WHEELS (no network needed:
+# lacks (jupyter-book, myst-nb, ...) are installed from wheels in $WHEELS (default .whl/, made
+# by scripts/fetch_wheels.sh on a machine with network; no network needed on the GPU machine:
 # pip --no-index) when that folder exists, else from the package index. Otherwise a .venv
 # with requirements-cuda12.txt is made by `make venv`.
 set -uo pipefail
