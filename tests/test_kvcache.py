@@ -6,9 +6,9 @@ import pytest
 import jaxloops
 
 
-def normal(shape, seed=0, dtype=jnp.float32):
+def normal(shape, seed=0):
     """Standard-normal test data from NumPy (no sampler to compile per shape)."""
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape, np.float32), dtype)
+    return np.random.default_rng(seed).standard_normal(shape, np.float32)
 
 
 def test_llama2_7b_cache_is_two_gib_at_4096_tokens():
@@ -17,14 +17,14 @@ def test_llama2_7b_cache_is_two_gib_at_4096_tokens():
                                    batch=1, bytes_per_element=2) == 2 * 2**30
 
 
-@pytest.mark.parametrize("kv_heads", [7, 3, 1])
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("kv_heads, dtype", [(7, jnp.float32), (3, jnp.bfloat16),
+                                             (1, jnp.float16)])
 def test_allocated_cache_bytes_equal_the_formula(kv_heads, dtype):
     cache = jaxloops.init_kv_cache(layers=3, batch=5, length=11, kv_heads=kv_heads, head_dim=9,
                                    dtype=dtype)
     expected = jaxloops.kv_cache_bytes(layers=3, kv_heads=kv_heads, head_dim=9, length=11,
                                        batch=5, bytes_per_element=jnp.dtype(dtype).itemsize)
-    assert cache["key"].shape == (3, 5, 11, kv_heads, 9)
+    assert cache["key"].shape == (3, 5, kv_heads, 11, 9)  # (L, B, K, S, H)
     assert jaxloops.allocated_bytes(cache) == expected
 
 
@@ -34,15 +34,13 @@ def test_attention_kind():
         jaxloops.attention_kind(8, 3)
 
 
-@pytest.mark.parametrize("kv_heads", [6, 2, 1], ids=["MHA", "GQA", "MQA"])
+@pytest.mark.parametrize("kv_heads", [6, 2], ids=["MHA", "GQA"])
 def test_decoding_token_by_token_equals_causal_attention(kv_heads):
     batch, length, heads, head_dim, slots = 3, 7, 6, 5, 11
     query = normal((batch, length, heads, head_dim), 1)
     key_ = normal((batch, length, kv_heads, head_dim), 2)
     value = normal((batch, length, kv_heads, head_dim), 3)
-    cache = jaxloops.init_kv_cache(layers=1, batch=batch, length=slots, kv_heads=kv_heads,
-                                   head_dim=head_dim, dtype=jnp.float32)
-    cache_key, cache_value = cache["key"][0], cache["value"][0]
+    cache_key = cache_value = np.zeros((batch, kv_heads, slots, head_dim), np.float32)
     step = jax.jit(jaxloops.decode_step)
     outputs = []
     for t in range(length):
@@ -50,11 +48,17 @@ def test_decoding_token_by_token_equals_causal_attention(kv_heads):
                                            value[:, t:t + 1], cache_key, cache_value, t)
         outputs.append(out)
     expected = jaxloops.attention(query, key_, value, is_causal=True)
-    np.testing.assert_allclose(jnp.concatenate(outputs, axis=1), expected, atol=2e-6)
+    np.testing.assert_allclose(np.concatenate(outputs, axis=1), expected, atol=2e-6)
 
 
 def test_decode_step_rejects_a_mismatched_token():
-    cache_key = jnp.zeros((3, 11, 2, 5))
+    cache_key = np.zeros((3, 2, 11, 5), np.float32)  # (B, K, S, H)
     with pytest.raises(ValueError, match=r"\(B, 1, K, H\) = \(3, 1, 2, 5\)"):
-        jaxloops.decode_step(jnp.zeros((3, 1, 6, 5)), jnp.zeros((3, 1, 3, 5)),
-                             jnp.zeros((3, 1, 3, 5)), cache_key, cache_key, 0)
+        jaxloops.decode_step(np.zeros((3, 1, 6, 5)), np.zeros((3, 1, 3, 5)),
+                             np.zeros((3, 1, 3, 5)), cache_key, cache_key, 0)
+
+
+def test_decode_attention_rejects_a_cache_that_does_not_fit():
+    with pytest.raises(ValueError, match=r"query \(3, 1, 6, 5\) .* does not fit cache \(3, 4, 11, 5\)"):
+        jaxloops.decode_attention(np.zeros((3, 1, 6, 5)), np.zeros((3, 4, 11, 5)),
+                                  np.zeros((3, 4, 11, 5)), 4)

@@ -3,8 +3,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxloops.text import ALPHABET, UNKNOWN, VOCAB_SIZE, decode, encode, load_stdlib_corpus
-from jaxloops.text import sample_windows, spaced_windows, stdlib_files
+from jaxloops.text import ALPHABET, UNKNOWN, VOCAB_SIZE, ids_to_text, load_stdlib_corpus
+from jaxloops.text import sample_windows, spaced_windows, stdlib_files, text_to_ids
 
 
 def test_vocabulary_is_newline_and_printable_ascii():
@@ -14,15 +14,15 @@ def test_vocabulary_is_newline_and_printable_ascii():
 
 def test_encode_decode_round_trip_and_unknown_characters():
     text = "def f(x):\n    return x ** 2  # ~ok"
-    ids = encode(text)
+    ids = text_to_ids(text)
     assert ids.dtype == np.int32 and ids.shape == (len(text),)
-    assert decode(ids) == text
-    assert decode(encode("a\tb\u00e9\u2192c")) == f"a{UNKNOWN}b{UNKNOWN}{UNKNOWN}c"
+    assert ids_to_text(ids) == text
+    assert ids_to_text(text_to_ids("a\tb\u00e9\u2192c")) == f"a{UNKNOWN}b{UNKNOWN}{UNKNOWN}c"
 
 
 def test_decode_rejects_ids_outside_the_vocabulary():
     with pytest.raises(ValueError, match=r"expected \[0, 95\]"):
-        decode([3, VOCAB_SIZE])
+        ids_to_text([3, VOCAB_SIZE])
 
 
 def test_corpus_is_a_deterministic_sorted_selection():
@@ -33,7 +33,7 @@ def test_corpus_is_a_deterministic_sorted_selection():
     first, second = load_stdlib_corpus(num_bytes, 0.2), load_stdlib_corpus(num_bytes, 0.2)
     np.testing.assert_array_equal(first.train, second.train)
     np.testing.assert_array_equal(first.validation, second.validation)
-    expected = encode(files[0].read_bytes()[:num_bytes].decode("utf-8", errors="replace"))
+    expected = text_to_ids(files[0].read_bytes()[:num_bytes].decode("utf-8", errors="replace"))
     joined = np.concatenate([first.train, first.validation])
     np.testing.assert_array_equal(joined, expected[: len(joined)])
     assert first.files == tuple(names[: len(first.files)])

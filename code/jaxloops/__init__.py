@@ -14,6 +14,7 @@ from jaxloops.attention_bench import attention_sweep
 from jaxloops.attention_bench import causal_sweep
 from jaxloops.attention_bench import decode_sweep
 from jaxloops.attention_bench import numerics_table
+from jaxloops.attention_bench import random_cache
 from jaxloops.attention_bench import random_qkv
 from jaxloops.attention_bench import read_bandwidth
 from jaxloops.attention_bench import reference_attention
@@ -51,6 +52,10 @@ from jaxloops.exercises import ragged_compile_count
 from jaxloops.exercises import softmax_cross_entropy_grad
 from jaxloops.exercises import top_k_accuracy
 from jaxloops.exercises import traced_shapes
+from jaxloops.generation import generate
+from jaxloops.generation import generate_without_cache
+from jaxloops.generation import init_cache
+from jaxloops.generation import sample_token
 from jaxloops.grads import finite_difference
 from jaxloops.grads import sgd_update
 from jaxloops.kernels import attention_fn
@@ -73,6 +78,12 @@ from jaxloops.mlp import cross_entropy
 from jaxloops.mlp import init_mlp
 from jaxloops.mlp import mlp_logits
 from jaxloops.mlp import mlp_loss
+from jaxloops.text import Corpus
+from jaxloops.text import ids_to_text
+from jaxloops.text import load_stdlib_corpus
+from jaxloops.text import sample_windows
+from jaxloops.text import spaced_windows
+from jaxloops.text import text_to_ids
 from jaxloops.timing import CompileLog
 from jaxloops.timing import compiled_flops
 from jaxloops.timing import compiled_temp_bytes
@@ -83,6 +94,12 @@ from jaxloops.timing import time_dispatch
 from jaxloops.train import decay_mask
 from jaxloops.train import make_optimizer
 from jaxloops.train import make_train_step
+from jaxloops.transformer import TransformerConfig
+from jaxloops.transformer import attention_map
+from jaxloops.transformer import cached_logits
+from jaxloops.transformer import init_transformer
+from jaxloops.transformer import transformer_logits
+from jaxloops.transformer import transformer_loss
 
 __all__ = (
     "accuracy",
@@ -92,10 +109,12 @@ __all__ = (
     "attention",
     "attention_fn",
     "attention_kind",
+    "attention_map",
     "attention_sweep",
     "attention_with_fallback",
     "Batch",
     "blockwise_attention",
+    "cached_logits",
     "causal_mask",
     "causal_sweep",
     "check_attention_shapes",
@@ -103,6 +122,7 @@ __all__ = (
     "compiled_temp_bytes",
     "CompileLog",
     "confusion_matrix",
+    "Corpus",
     "count_compiles",
     "cross_entropy",
     "decay_mask",
@@ -117,14 +137,20 @@ __all__ = (
     "experiment_sizes",
     "finite_difference",
     "fit",
+    "generate",
+    "generate_without_cache",
     "gpu_facts",
     "host_syncs",
+    "ids_to_text",
     "implementation_report",
+    "init_cache",
     "init_kv_cache",
     "init_mlp",
+    "init_transformer",
     "kv_cache_bytes",
     "label_smoothed_cross_entropy",
     "load_digits_split",
+    "load_stdlib_corpus",
     "make_accumulating_train_step",
     "make_clipped_optimizer",
     "make_epoch",
@@ -144,20 +170,28 @@ __all__ = (
     "python_loop",
     "ragged_batches",
     "ragged_compile_count",
+    "random_cache",
     "random_qkv",
     "read_bandwidth",
     "reference_attention",
     "run_attention",
+    "sample_token",
+    "sample_windows",
     "sgd_update",
     "Sizes",
     "softmax_cross_entropy_grad",
+    "spaced_windows",
     "Split",
     "run_label",
+    "text_to_ids",
     "time_call",
     "time_dispatch",
     "to_device",
     "top_k_accuracy",
     "traced_shapes",
+    "transformer_logits",
+    "transformer_loss",
+    "TransformerConfig",
     "unstack",
     "uses_cudnn_kernel",
     "versions",

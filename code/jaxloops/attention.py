@@ -110,10 +110,13 @@ def attention(query, key, value, *, is_causal: bool = False, mask=None):
     G = N // K
     # Logits and softmax in at least float32, as jax's XLA path does for bf16/fp16.
     logits_dtype = jnp.promote_types(query.dtype, jnp.float32)
-    query_BTKGH = query.reshape(B, T, K, G, H)  # (B, T, K, G, H)
+    # Heads-major layouts, so that the batch dimensions of both matmuls lead.
+    query_BKGTH = query.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4)  # (B, K, G, T, H)
+    key_BKSH = key.transpose(0, 2, 1, 3)  # (B, K, S, H)
+    value_BKSH = value.transpose(0, 2, 1, 3)  # (B, K, S, H)
 
     # Move 1: every query against every key.
-    scores = jnp.einsum("BTKGH,BSKH->BKGTS", query_BTKGH, key,
+    scores = jnp.einsum("BKGTH,BKSH->BKGTS", query_BKGTH, key_BKSH,
                         preferred_element_type=logits_dtype)  # (B, K, G, T, S)
     # Move 2: scale so the logits' variance does not grow with H.
     scores = scores * (1.0 / math.sqrt(H))
@@ -124,6 +127,6 @@ def attention(query, key, value, *, is_causal: bool = False, mask=None):
     # Move 3: softmax over the keys.
     weights = softmax(scores)  # (B, K, G, T, S)
     # Move 4: mix the values with those weights.
-    out = jnp.einsum("BKGTS,BSKH->BTKGH", weights.astype(value.dtype), value)  # (B, T, K, G, H)
-    return out.reshape(B, T, N, H)  # (B, T, N, H)
-
+    out = jnp.einsum("BKGTS,BKSH->BKGTH", weights.astype(value.dtype),
+                     value_BKSH)  # (B, K, G, T, H)
+    return out.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)  # (B, T, N, H)

@@ -29,7 +29,7 @@ def reference_attention(query, key, value, *, is_causal: bool = False) -> np.nda
     Returns:
       (B, T, N, H) float64.
     """
-    q, k, v = (np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (query, key, value))
+    q, k, v = (np.asarray(x).astype(np.float64) for x in (query, key, value))
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
     q = q.reshape(B, T, K, N // K, H)  # (B, T, K, G, H)
@@ -139,13 +139,13 @@ def causal_sweep(lengths, implementations, *, dtype, batch: int, heads: int, hea
     return rows
 
 
-def _random_cache(seed: int, batch: int, length: int, kv_heads: int, head_dim: int, dtype):
-    """A (B, S, K, H) cache of random values: 256 random slots tiled on the device."""
+def random_cache(seed: int, batch: int, length: int, kv_heads: int, head_dim: int, dtype):
+    """A heads-major (B, K, S, H) cache of random values: 256 random slots, tiled."""
     slots = min(length, 256)
-    tile = np.random.default_rng(seed).standard_normal((batch, slots, kv_heads, head_dim),
+    tile = np.random.default_rng(seed).standard_normal((batch, kv_heads, slots, head_dim),
                                                        np.float32)
     repeats = -(-length // slots)
-    return jnp.tile(jnp.asarray(tile, dtype), (1, repeats, 1, 1))[:, :length]  # (B, S, K, H)
+    return jnp.tile(jnp.asarray(tile, dtype), (1, 1, repeats, 1))[:, :, :length]  # (B, K, S, H)
 
 
 def decode_sweep(cache_lengths, kv_heads, *, batch: int, heads: int, head_dim: int,
@@ -162,8 +162,8 @@ def decode_sweep(cache_lengths, kv_heads, *, batch: int, heads: int, head_dim: i
                        dtype=dtype)[0]  # (B, 1, N, H)
     for kv in kv_heads:
         for length in cache_lengths:
-            cache_key = _random_cache(seed + 1, batch, length, kv, head_dim, dtype)
-            cache_value = _random_cache(seed + 2, batch, length, kv, head_dim, dtype)
+            cache_key = random_cache(seed + 1, batch, length, kv, head_dim, dtype)
+            cache_value = random_cache(seed + 2, batch, length, kv, head_dim, dtype)
             seconds = time_call(step, query, cache_key, cache_value, length,
                                 warmup=1, repeats=repeats)
             cache_bytes = cache_key.nbytes + cache_value.nbytes

@@ -22,7 +22,7 @@ def online_softmax_step(carry, scores, value_block):
     Args:
       carry: running max (B, K, G, T), sum (B, K, G, T), output (B, K, G, T, H), float32.
       scores: this block's scaled, masked logits (B, K, G, T, S), float32.
-      value_block: this block's values (B, S, K, H).
+      value_block: this block's values (B, K, S, H).
 
     Returns:
       The updated carry.
@@ -33,7 +33,7 @@ def online_softmax_step(carry, scores, value_block):
     correction = jnp.exp(running_max - new_max)  # (B, K, G, T)
     weights = jnp.exp(scores - new_max[..., None])  # (B, K, G, T, S)
     new_sum = running_sum * correction + weights.sum(axis=-1)  # (B, K, G, T)
-    mixed = jnp.einsum("BKGTS,BSKH->BKGTH", weights.astype(value_block.dtype), value_block,
+    mixed = jnp.einsum("BKGTS,BKSH->BKGTH", weights.astype(value_block.dtype), value_block,
                        preferred_element_type=out.dtype)  # (B, K, G, T, H)
     return new_max, new_sum, out * correction[..., None] + mixed
 
@@ -74,18 +74,19 @@ def blockwise_attention(query, key, value, *, is_causal: bool = False, block_siz
     query = query.transpose(1, 0, 3, 4, 2, 5)  # (nT, B, K, G, Tb, H)
     key = _pad_to(key, 1, k_block).reshape(B, -1, k_block, K, H)  # (B, nS, Sb, K, H)
     value = _pad_to(value, 1, k_block).reshape(B, -1, k_block, K, H)  # (B, nS, Sb, K, H)
-    key, value = key.swapaxes(0, 1), value.swapaxes(0, 1)  # (nS, B, Sb, K, H)
+    key = key.transpose(1, 0, 3, 2, 4)  # (nS, B, K, Sb, H)
+    value = value.transpose(1, 0, 3, 2, 4)  # (nS, B, K, Sb, H)
 
     def one_query_block(args):
         query_block, q_index = args  # (B, K, G, Tb, H), ()
         q_pos = q_index * q_block + jnp.arange(q_block)  # (Tb,)
 
         def fold_key_block(carry, xs):
-            key_block, value_block, k_index = xs  # (B, Sb, K, H), (B, Sb, K, H), ()
+            key_block, value_block, k_index = xs  # (B, K, Sb, H), (B, K, Sb, H), ()
             k_pos = k_index * k_block + jnp.arange(k_block)  # (Sb,)
 
             def update(carry):
-                scores = jnp.einsum("BKGTH,BSKH->BKGTS", query_block, key_block,
+                scores = jnp.einsum("BKGTH,BKSH->BKGTS", query_block, key_block,
                                     preferred_element_type=jnp.float32)  # (B, K, G, Tb, Sb)
                 scores = scores * scale
                 if S % k_block:  # keys padded up to a whole block never count

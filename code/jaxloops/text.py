@@ -37,25 +37,27 @@ class Corpus(NamedTuple):
     python_version: str  # whose standard library was read
 
 
-def encode(text: str) -> np.ndarray:
+def text_to_ids(text: str) -> np.ndarray:
     """Token ids (len(text),) int32; characters outside `ALPHABET` become `UNKNOWN`."""
     codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)  # one code point each
     codes = np.where(codes < 128, codes, ord(UNKNOWN))
     return _ASCII_TO_ID[codes]
 
 
-def decode(ids) -> str:
+def ids_to_text(ids) -> str:
     """The text of token ids, any shape flattened in order."""
     ids = np.asarray(ids).reshape(-1)
     if ids.size and (ids.min() < 0 or ids.max() >= VOCAB_SIZE):
-        raise ValueError(f"token ids span [{ids.min()}, {ids.max()}]; expected [0, {VOCAB_SIZE - 1}]")
+        raise ValueError(f"token ids span [{ids.min()}, {ids.max()}]; "
+                         f"expected [0, {VOCAB_SIZE - 1}]")
     return "".join(ALPHABET[i] for i in ids)
 
 
 def stdlib_files() -> list[pathlib.Path]:
     """The public top-level modules of this interpreter's standard library, sorted by name."""
     root = pathlib.Path(sysconfig.get_paths()["stdlib"])
-    files = sorted((p for p in root.glob("*.py") if not p.name.startswith("_")), key=lambda p: p.name)
+    files = sorted((p for p in root.glob("*.py") if not p.name.startswith("_")),
+                   key=lambda p: p.name)
     if not files:
         raise ValueError(f"no standard-library sources found under {root}")
     return files
@@ -82,7 +84,7 @@ def load_stdlib_corpus(num_bytes: int, validation_fraction: float = 0.1) -> Corp
         raise ValueError(f"the standard library holds only {total} bytes of public modules; "
                          f"asked for {num_bytes}")
     # Bytes outside ASCII decode to U+FFFD (or a cut character's half does): both -> UNKNOWN.
-    ids = encode(b"".join(chunks).decode("utf-8", errors="replace"))
+    ids = text_to_ids(b"".join(chunks).decode("utf-8", errors="replace"))
     cut = int(len(ids) * (1 - validation_fraction))
     return Corpus(ids[:cut], ids[cut:], tuple(names), platform.python_version())
 
@@ -99,7 +101,8 @@ def sample_windows(key: jax.Array, tokens: jax.Array, steps: int, batch_size: in
     if tokens.shape[0] < seq_len + 1:
         raise ValueError(f"text of {tokens.shape[0]} tokens is too short for windows of "
                          f"{seq_len} inputs plus one target")
-    starts = jax.random.randint(key, (steps, batch_size), 0, tokens.shape[0] - seq_len)  # (steps, B)
+    last_start = tokens.shape[0] - seq_len - 1  # the target of the last input is the last token
+    starts = jax.random.randint(key, (steps, batch_size), 0, last_start + 1)  # (steps, B)
     positions = starts[..., None] + jnp.arange(seq_len)  # (steps, B, T)
     return Batch(x=tokens[positions], y=tokens[positions + 1])
 
@@ -112,7 +115,8 @@ def spaced_windows(tokens, seq_len: int, count: int) -> Batch:
     """
     tokens = np.asarray(tokens)
     if count < 1 or tokens.shape[0] < seq_len + 1:
-        raise ValueError(f"cannot cut {count} windows of {seq_len} + 1 from {tokens.shape[0]} tokens")
+        raise ValueError(f"cannot cut {count} windows of {seq_len} + 1 tokens from "
+                         f"{tokens.shape[0]} tokens")
     starts = np.linspace(0, tokens.shape[0] - seq_len - 1, count).astype(np.int64)  # (count,)
     positions = starts[:, None] + np.arange(seq_len)  # (count, T)
     return Batch(x=jnp.asarray(tokens[positions]), y=jnp.asarray(tokens[positions + 1]))

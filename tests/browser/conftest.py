@@ -105,6 +105,19 @@ def browser_context(pytestconfig):
         context.close()
 
 
+def settle(page, script: str) -> None:
+    """Runs `script`, again after a navigation (a redirect) interrupted it."""
+    for _ in range(3):
+        try:
+            page.evaluate(script)
+            return
+        except Exception as error:  # playwright's Error: the page navigated away meanwhile
+            if "context was destroyed" not in str(error):
+                raise
+            page.wait_for_load_state("load")
+    page.evaluate(script)
+
+
 def visit_page(context, url: str, screenshot: Path | None = None) -> Visit:
     """Loads `url`, waits for MathJax and the network to settle, and records what happened."""
     page = context.new_page()
@@ -116,9 +129,10 @@ def visit_page(context, url: str, screenshot: Path | None = None) -> Visit:
     page.on("pageerror", lambda error: console.append(f"uncaught: {error}"))
     try:
         response = page.goto(url, wait_until="load")
-        page.evaluate("() => window.MathJax && MathJax.startup ? MathJax.startup.promise : null")
+        page.wait_for_load_state("networkidle")  # and any redirect (the site's index.html) is done
+        settle(page, "() => window.MathJax && MathJax.startup ? MathJax.startup.promise.then(() => null) : null")
         page.wait_for_load_state("networkidle")  # fonts MathJax asks for once it has typeset
-        page.evaluate("() => document.fonts.ready.then(() => null)")
+        settle(page, "() => document.fonts.ready.then(() => null)")
         images = page.evaluate(
             "() => Array.from(document.images).map(i => ({src: i.currentSrc || i.src, width: i.naturalWidth}))"
         )

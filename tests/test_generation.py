@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxloops.generate import generate, generate_without_cache, init_cache, sample_token
+from jaxloops.generation import generate, generate_without_cache, init_cache, sample_token
 from jaxloops.kvcache import kv_cache_bytes
 from jaxloops.transformer import TransformerConfig, cached_logits, init_transformer
 from jaxloops.transformer import transformer_logits

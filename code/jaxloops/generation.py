@@ -57,7 +57,8 @@ def generate(params: Params, prompt: jax.Array, key: jax.Array, *, steps: int,
     tokens = jnp.zeros((B, S), jnp.int32).at[:, :P].set(prompt)  # (B, S)
     # Prefill: the whole prompt in one call; only the last position's logits are needed.
     logits, cache = cached_logits(params, prompt, init_cache(params, B, S), 0)  # (B, P, V)
-    tokens = tokens.at[:, P].set(sample_token(jax.random.fold_in(key, 0), logits[:, -1], temperature))
+    first = sample_token(jax.random.fold_in(key, 0), logits[:, -1], temperature)  # (B,)
+    tokens = tokens.at[:, P].set(first)
 
     def decode_step(i, carry):
         tokens, cache = carry
@@ -84,7 +85,7 @@ def generate_without_cache(params: Params, prompt: jax.Array, key: jax.Array, *,
     tokens = jnp.zeros((B, P + steps), jnp.int32).at[:, :P].set(prompt)  # (B, S)
 
     def step(i, tokens):
-        logits = transformer_logits(params, tokens)  # (B, S, V): the whole prefix, again
+        logits = transformer_logits(params, tokens)  # (B, S, V): the whole window, again
         last = jax.lax.dynamic_index_in_dim(logits, P + i - 1, axis=1, keepdims=False)  # (B, V)
         token = sample_token(jax.random.fold_in(key, i), last, temperature)  # (B,)
         return jax.lax.dynamic_update_slice_in_dim(tokens, token[:, None], P + i, axis=1)
