@@ -23,7 +23,8 @@ def test_unknown_implementation_raises():
 
 
 def test_attention_fn_is_cached_so_jit_reuses_compiles():
-    assert jaxloops.attention_fn("xla", is_causal=True) is jaxloops.attention_fn("xla", is_causal=True)
+    first = jaxloops.attention_fn("xla", is_causal=True)
+    assert jaxloops.attention_fn("xla", is_causal=True, block_size=7) is first
 
 
 def test_cudnn_request_reports_what_happened():

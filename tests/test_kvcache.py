@@ -59,6 +59,7 @@ def test_decode_step_rejects_a_mismatched_token():
 
 
 def test_decode_attention_rejects_a_cache_that_does_not_fit():
-    with pytest.raises(ValueError, match=r"query \(3, 1, 6, 5\) .* does not fit cache \(3, 4, 11, 5\)"):
+    message = r"query \(3, 1, 6, 5\) .* does not fit cache \(3, 4, 11, 5\)"
+    with pytest.raises(ValueError, match=message):
         jaxloops.decode_attention(np.zeros((3, 1, 6, 5)), np.zeros((3, 4, 11, 5)),
                                   np.zeros((3, 4, 11, 5)), 4)

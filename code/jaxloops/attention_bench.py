@@ -5,6 +5,7 @@ same code. Timings use `time_call` (warm-up, block_until_ready, median); none is
 """
 
 import math
+import statistics
 
 import jax
 import jax.numpy as jnp
@@ -58,18 +59,24 @@ def random_qkv(seed: int, *, batch: int, length: int, heads: int, head_dim: int,
 
 def attention_sweep(lengths, requests, *, batch: int, heads: int, head_dim: int,
                     block_size: int, repeats: int, materialise_max_length: int,
-                    is_causal: bool = False, seed: int = 0) -> list[dict]:
-    """Temporary bytes, FLOPs and median latency of each (implementation, dtype) at each L.
+                    seed: int = 0) -> list[dict]:
+    """Temporary bytes, FLOPs and median latency of each request at each L.
 
-    One compile per point serves all three. FLOPs are None for blockwise: XLA's cost
-    analysis counts a loop body once, not once per trip. A request that does not run gets
-    seconds None and the reason in `error`; naive and XLA, which materialise the (T, S)
-    scores, are compiled but not run beyond `materialise_max_length`.
+    Args:
+      requests: (implementation, dtype) or (implementation, dtype, is_causal) tuples.
+
+    One compile per point serves all three measurements, and the timed calls of the
+    requests alternate, so that a slow moment of a shared machine hits all of them alike.
+    FLOPs are None for blockwise: XLA's cost analysis counts a loop body once, not once
+    per trip. A request that does not run gets seconds None and the reason in `error`;
+    naive and XLA, which build the (T, S) scores, are compiled but not run beyond
+    `materialise_max_length`.
     """
     rows = []
     for length in lengths:
-        qkv = {}
-        for name, dtype in requests:
+        qkv, timed = {}, []
+        for name, dtype, *causal in requests:
+            is_causal = bool(causal and causal[0])
             if dtype not in qkv:
                 qkv[dtype] = random_qkv(seed, batch=batch, length=length,
                                         heads=heads, head_dim=head_dim, dtype=dtype)
@@ -91,7 +98,12 @@ def attention_sweep(lengths, requests, *, batch: int, heads: int, head_dim: int,
                 continue
             row["temp_bytes"] = compiled_temp_bytes(fn, *args)  # the compile is cached
             row["flops"] = None if name == "blockwise" else compiled_flops(fn, *args)
-            row["seconds"] = time_call(jax.jit(fn), *args, warmup=0, repeats=repeats)
+            timed.append((row, jax.jit(fn), args, []))
+        for _ in range(repeats):
+            for row, fn, args, seconds in timed:
+                seconds.append(time_call(fn, *args, warmup=0, repeats=1))
+        for row, _, _, seconds in timed:
+            row["seconds"] = statistics.median(seconds)
     return rows
 
 
@@ -111,7 +123,7 @@ def numerics_table(implementations, dtypes, *, batch: int, length: int, heads: i
             row = {"implementation": name, "dtype": dtype, "max_abs_error": None,
                    "rms_error": None, "error": record["error"]}
             if output is not None:
-                diff = np.asarray(output.astype(jnp.float32), np.float64) - expected
+                diff = np.asarray(output).astype(np.float64) - expected
                 row["max_abs_error"] = float(np.abs(diff).max())
                 row["rms_error"] = float(np.sqrt(np.mean(diff**2)))
             rows.append(row)
@@ -122,19 +134,20 @@ def causal_sweep(lengths, implementations, *, dtype, batch: int, heads: int, hea
                  block_size: int, repeats: int, materialise_max_length: int,
                  seed: int = 0) -> list[dict]:
     """Full vs causal latency of each implementation at each L, and the speedup."""
+    requests = [(name, dtype, is_causal) for name in implementations
+                for is_causal in (False, True)]
+    sweep = attention_sweep(lengths, requests, batch=batch, heads=heads, head_dim=head_dim,
+                            block_size=block_size, repeats=repeats,
+                            materialise_max_length=materialise_max_length, seed=seed)
     rows = []
-    common = dict(batch=batch, heads=heads, head_dim=head_dim, block_size=block_size,
-                  repeats=repeats, materialise_max_length=materialise_max_length, seed=seed)
-    requests = [(name, dtype) for name in implementations]
-    full = attention_sweep(lengths, requests, is_causal=False, **common)
-    causal = attention_sweep(lengths, requests, is_causal=True, **common)
-    for full_row, causal_row in zip(full, causal):
-        ran = full_row["seconds"] is not None and causal_row["seconds"] is not None
+    for full, causal in zip(sweep[0::2], sweep[1::2]):
+        ran = full["seconds"] is not None and causal["seconds"] is not None
         rows.append({
-            "implementation": full_row["implementation"], "dtype": dtype, "L": full_row["L"],
-            "full_seconds": full_row["seconds"], "causal_seconds": causal_row["seconds"],
-            "speedup": full_row["seconds"] / causal_row["seconds"] if ran else None,
-            "error": full_row["error"] or causal_row["error"],
+            "implementation": full["implementation"], "dtype": dtype, "L": full["L"],
+            "full_seconds": full["seconds"], "causal_seconds": causal["seconds"],
+            "speedup": full["seconds"] / causal["seconds"] if ran else None,
+            "full_flops": full["flops"], "causal_flops": causal["flops"],
+            "error": full["error"] or causal["error"],
         })
     return rows
 
@@ -152,6 +165,8 @@ def decode_sweep(cache_lengths, kv_heads, *, batch: int, heads: int, head_dim: i
                  dtype, repeats: int, seed: int = 0) -> list[dict]:
     """Latency of one decode step (T = 1 against S cached tokens) for each K and S.
 
+    At each S the timed calls of the K values alternate (after one warm-up each).
+
     Returns:
       Rows with K, S, seconds, cache_bytes (the K and V arrays read), bytes_per_second
       and flops (4 * B * N * S * H, the two matrix-vector products).
@@ -160,18 +175,23 @@ def decode_sweep(cache_lengths, kv_heads, *, batch: int, heads: int, head_dim: i
     step = jax.jit(decode_attention)
     query = random_qkv(seed, batch=batch, length=1, heads=heads, head_dim=head_dim,
                        dtype=dtype)[0]  # (B, 1, N, H)
-    for kv in kv_heads:
-        for length in cache_lengths:
-            cache_key = random_cache(seed + 1, batch, length, kv, head_dim, dtype)
-            cache_value = random_cache(seed + 2, batch, length, kv, head_dim, dtype)
-            seconds = time_call(step, query, cache_key, cache_value, length,
-                                warmup=1, repeats=repeats)
+    for length in cache_lengths:
+        caches = {kv: (random_cache(seed + 1, batch, length, kv, head_dim, dtype),
+                       random_cache(seed + 2, batch, length, kv, head_dim, dtype))
+                  for kv in kv_heads}  # (B, K, S, H) each
+        seconds = {kv: [] for kv in kv_heads}
+        for kv, cache in caches.items():
+            jax.block_until_ready(step(query, *cache, length))  # compile and warm up
+        for _ in range(repeats):
+            for kv, cache in caches.items():
+                seconds[kv].append(time_call(step, query, *cache, length, warmup=0, repeats=1))
+        for kv, (cache_key, cache_value) in caches.items():
+            median = statistics.median(seconds[kv])
             cache_bytes = cache_key.nbytes + cache_value.nbytes
-            rows.append({"K": int(kv), "S": int(length), "seconds": seconds,
-                         "cache_bytes": int(cache_bytes),
-                         "bytes_per_second": cache_bytes / seconds,
+            rows.append({"K": int(kv), "S": int(length), "seconds": median,
+                         "cache_bytes": int(cache_bytes), "bytes_per_second": cache_bytes / median,
                          "flops": 4 * batch * heads * length * head_dim})
-            del cache_key, cache_value
+        del caches
     return rows
 
 
