@@ -53,7 +53,7 @@ $(MATHJAX_STAMP):
 	touch $@
 
 test: venv
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto  # one worker per core: the time is mostly XLA compiling
 
 book: venv mathjax
 	rm -rf _build/html _build/.doctrees _build/jupyter_execute

@@ -1,3 +1,11 @@
+import os
+
+# The tests check values, not speed, and most of their time is XLA compiling many small
+# programs: LLVM's optimisation level 0 compiles ~1.6x faster and computes the same values.
+os.environ["XLA_FLAGS"] = " ".join(
+    filter(None, [os.environ.get("XLA_FLAGS"), "--xla_backend_optimization_level=0"])
+)
+
 import jax
 import pytest
 

@@ -52,6 +52,17 @@ from jaxloops.exercises import ragged_compile_count
 from jaxloops.exercises import softmax_cross_entropy_grad
 from jaxloops.exercises import top_k_accuracy
 from jaxloops.exercises import traced_shapes
+from jaxloops.exercises_attention import chunked_causal_attention
+from jaxloops.exercises_attention import einsum_attention
+from jaxloops.exercises_attention import incremental_logits
+from jaxloops.exercises_attention import max_kv_heads
+from jaxloops.exercises_attention import merge_partials
+from jaxloops.exercises_attention import naive_attention_temp_bytes
+from jaxloops.exercises_attention import partial_attention
+from jaxloops.exercises_attention import ragged_decode_attention
+from jaxloops.exercises_attention import sliding_window_mask
+from jaxloops.exercises_attention import split_kv_attention
+from jaxloops.exercises_attention import temperature_probs
 from jaxloops.generation import generate
 from jaxloops.generation import generate_without_cache
 from jaxloops.generation import init_cache
@@ -118,6 +129,7 @@ __all__ = (
     "causal_mask",
     "causal_sweep",
     "check_attention_shapes",
+    "chunked_causal_attention",
     "compiled_flops",
     "compiled_temp_bytes",
     "CompileLog",
@@ -130,6 +142,7 @@ __all__ = (
     "decode_step",
     "decode_sweep",
     "describe_backend",
+    "einsum_attention",
     "epoch_batches",
     "epoch_example_counts",
     "EvalBatches",
@@ -143,6 +156,7 @@ __all__ = (
     "host_syncs",
     "ids_to_text",
     "implementation_report",
+    "incremental_logits",
     "init_cache",
     "init_kv_cache",
     "init_mlp",
@@ -157,19 +171,24 @@ __all__ = (
     "make_optimizer",
     "make_train_step",
     "matmul_throughput",
+    "max_kv_heads",
+    "merge_partials",
     "mlp_logits",
     "mlp_loss",
     "mlp_parameter_count",
     "momentum_update",
     "most_confused",
+    "naive_attention_temp_bytes",
     "numerics_table",
     "online_softmax_step",
     "pad_batches",
+    "partial_attention",
     "per_class_accuracy",
     "precision_recall_f1",
     "python_loop",
     "ragged_batches",
     "ragged_compile_count",
+    "ragged_decode_attention",
     "random_cache",
     "random_qkv",
     "read_bandwidth",
@@ -179,10 +198,13 @@ __all__ = (
     "sample_windows",
     "sgd_update",
     "Sizes",
+    "sliding_window_mask",
     "softmax_cross_entropy_grad",
     "spaced_windows",
     "Split",
     "run_label",
+    "split_kv_attention",
+    "temperature_probs",
     "text_to_ids",
     "time_call",
     "time_dispatch",

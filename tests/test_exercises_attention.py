@@ -1,0 +1,144 @@
+"""The exercise solutions of chapters 8-11, each checked against a reference."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxloops
+from jaxloops import exercises_attention as ex
+
+# One GQA problem shared by several tests, so they share compilations: B=2, T=S=11, N=9, K=3, H=5.
+B, L, N, K, H = 2, 11, 9, 3, 5
+
+
+@pytest.fixture(scope="module")
+def qkv():
+    return jaxloops.random_qkv(3, batch=B, length=L, heads=N, head_dim=H, kv_heads=K)
+
+
+@pytest.fixture(scope="module")
+def library():
+    return jax.jit(jax.nn.dot_product_attention, static_argnames=("is_causal", "local_window_size"))
+
+
+# Chapter 8.
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_naive_temp_formula_is_the_leading_term_of_the_compiled_scratch(dtype):
+    # Long enough that the (B, N, T, S) arrays dominate the Q, K, V and output copies.
+    b, t, s, n, h = 1, 257, 263, 3, 7
+    query = jnp.ones((b, t, n, h), dtype)
+    key = jnp.ones((b, s, n, h), dtype)
+    predicted = ex.naive_attention_temp_bytes(b, n, t, s, dtype)
+    assert predicted == 2 * b * n * t * s * 4  # float32 scores even for bfloat16 inputs
+    compiled = jaxloops.compiled_temp_bytes(jax.nn.dot_product_attention, query, key, key)
+    assert predicted <= compiled < 1.25 * predicted
+
+
+def test_einsum_attention_equals_jax(qkv, library):
+    got = jax.jit(ex.einsum_attention)(*qkv)
+    np.testing.assert_allclose(got, library(*qkv), atol=2e-6)
+
+
+def test_einsum_attention_refuses_heads_that_do_not_group():
+    with pytest.raises(ValueError, match="9 is not a multiple of 4"):
+        ex.einsum_attention(jnp.ones((1, 3, 9, 5)), jnp.ones((1, 7, 4, 5)), jnp.ones((1, 7, 4, 5)))
+
+
+@pytest.mark.parametrize("split", [1, 7])
+def test_split_kv_attention_equals_full_attention(qkv, library, split):
+    np.testing.assert_allclose(ex.split_kv_attention(*qkv, split), library(*qkv), atol=2e-6)
+
+
+# Chapter 9.
+def test_chunked_prefill_equals_causal_attention(qkv, library):
+    got = ex.chunked_causal_attention(*qkv, chunk=4)  # chunks of 4, 4 and 3 queries
+    np.testing.assert_allclose(got, library(*qkv, is_causal=True), atol=2e-6)
+
+
+def test_sliding_window_mask_equals_jax_local_window(qkv, library):
+    window = 4
+    mask = ex.sliding_window_mask(L, L, window)
+    assert np.asarray(mask).sum(axis=1).tolist() == [min(t + 1, window) for t in range(L)]
+    got = jaxloops.attention(*qkv, mask=mask)
+    want = library(*qkv, is_causal=True, local_window_size=(window - 1, 0))
+    np.testing.assert_allclose(got, want, atol=2e-6)
+
+
+def test_sliding_window_with_offset_is_the_bottom_rows_of_the_full_window():
+    full = np.asarray(ex.sliding_window_mask(11, 11, 3))
+    np.testing.assert_array_equal(ex.sliding_window_mask(4, 11, 3, offset=7), full[7:])
+
+
+def test_top_left_causal_single_query_returns_the_first_value(qkv, library):
+    query, key, value = qkv
+    out = np.asarray(library(query[:, -1:], key, value, is_causal=True))  # (B, 1, N, H)
+    first = np.repeat(np.asarray(value[:, :1]), N // K, axis=2)  # slot 0's value, per query head
+    np.testing.assert_allclose(out, first, atol=1e-6)
+
+
+# Chapter 10.
+@pytest.mark.parametrize("heads, budget_k", [(32, 8), (15, 5), (15, 3), (7, 1)])
+def test_max_kv_heads_fits_and_the_next_divisor_does_not(heads, budget_k):
+    shape = dict(layers=5, head_dim=11, length=13, batch=3, bytes_per_element=2)
+    budget = jaxloops.kv_cache_bytes(kv_heads=budget_k, **shape) + 1
+    got = ex.max_kv_heads(budget, heads=heads, **shape)
+    assert got == budget_k and heads % got == 0
+    larger = [k for k in range(got + 1, heads + 1) if heads % k == 0]
+    if larger:
+        assert jaxloops.kv_cache_bytes(kv_heads=larger[0], **shape) > budget
+
+
+def test_max_kv_heads_for_llama_2_7b_in_16_gib():
+    k = ex.max_kv_heads(16 * 2**30, layers=32, heads=32, head_dim=128, length=8192, batch=16,
+                        bytes_per_element=2)
+    assert k == 8  # 2 GiB per key/value head
+
+
+def test_max_kv_heads_refuses_an_impossible_budget():
+    with pytest.raises(ValueError, match="even K = 1"):
+        ex.max_kv_heads(100, layers=3, heads=5, head_dim=7, length=11, batch=1, bytes_per_element=2)
+
+
+def test_ragged_decode_equals_jax_with_sequence_lengths():
+    b, s, n, k, h = 5, 11, 9, 3, 7
+    query = jaxloops.random_qkv(4, batch=b, length=1, heads=n, head_dim=h)[0]  # (B, 1, N, H)
+    cache_key = jaxloops.random_cache(5, b, s, k, h, jnp.float32)  # (B, K, S, H)
+    cache_value = jaxloops.random_cache(6, b, s, k, h, jnp.float32)
+    lengths = jnp.array([1, 11, 4, 7, 2], jnp.int32)
+    got = jax.jit(ex.ragged_decode_attention)(query, cache_key, cache_value, lengths)
+    want = jax.jit(jax.nn.dot_product_attention)(query, cache_key.swapaxes(1, 2),
+                                                 cache_value.swapaxes(1, 2),
+                                                 key_value_seq_lengths=lengths)
+    np.testing.assert_allclose(got, want, atol=2e-6)
+
+
+# Chapter 11.
+def test_temperature_probs_are_what_sample_token_draws(key):
+    logits = jnp.array([2.0, -1.0, 0.5, 1.5, -3.0])
+    draws = 20_000
+    sample = jax.jit(jax.vmap(lambda k: jaxloops.sample_token(k, logits[None], 0.7)[0]))
+    counts = np.bincount(np.asarray(sample(jax.random.split(key, draws))), minlength=5)
+    # Four standard errors of a frequency at most 0.5: 4 * sqrt(0.25 / 20000) < 0.015.
+    np.testing.assert_allclose(counts / draws, ex.temperature_probs(logits, 0.7), atol=0.015)
+
+
+def test_temperature_moves_from_argmax_to_uniform():
+    logits = jnp.array([[2.0, -1.0, 0.5, 1.5, -3.0, 0.0, 1.0]])
+    np.testing.assert_array_equal(ex.temperature_probs(logits, 0.0), jax.nn.one_hot([0], 7))
+    entropy = lambda p: float(-(p * jnp.log(p)).sum())
+    entropies = [entropy(ex.temperature_probs(logits, t)) for t in (0.3, 0.7, 1.0, 3.0, 100.0)]
+    assert entropies == sorted(entropies)
+    np.testing.assert_allclose(entropies[-1], math.log(7), rtol=1e-3)
+
+
+def test_incremental_logits_equal_the_full_forward_pass(key):
+    config = jaxloops.TransformerConfig(vocab_size=13, num_layers=1, model_dim=30, num_heads=6,
+                                        num_kv_heads=2, hidden_dim=7, max_len=11)
+    params = jaxloops.init_transformer(key, config)
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, 13, (3, 7)), jnp.int32)
+    got = ex.incremental_logits(params, tokens, prefill=4)  # prefill 4, then 3 decode steps
+    want = jax.jit(jaxloops.transformer_logits)(params, tokens)
+    np.testing.assert_allclose(got, want, atol=1e-5)
