@@ -15,7 +15,7 @@ def _problem(key):
 
 def test_gradient_tree_has_the_parameter_tree_structure(key):
     params, batch = _problem(key)
-    (_, aux), grads = jax.value_and_grad(jaxloops.mlp_loss, has_aux=True)(params, batch)
+    (_, aux), grads = jax.jit(jax.value_and_grad(jaxloops.mlp_loss, has_aux=True))(params, batch)
     assert jax.tree.structure(grads) == jax.tree.structure(params)
     assert jax.tree.map(jnp.shape, grads) == jax.tree.map(jnp.shape, params)
     assert set(aux) == {"accuracy"}
@@ -23,7 +23,7 @@ def test_gradient_tree_has_the_parameter_tree_structure(key):
 
 def test_hand_written_sgd_equals_optax_sgd(key):
     params, batch = _problem(key)
-    grads = jax.grad(lambda p: jaxloops.mlp_loss(p, batch)[0])(params)
+    grads = jax.jit(jax.grad(lambda p: jaxloops.mlp_loss(p, batch)[0]))(params)
     by_hand = jaxloops.sgd_update(params, grads, 0.3)
     sgd = optax.sgd(0.3)
     updates, _ = sgd.update(grads, sgd.init(params), params)
@@ -38,7 +38,7 @@ def test_finite_differences_agree_with_autodiff(key):
     with jax.enable_x64(True):
         params64 = jax.tree.map(lambda p: jnp.asarray(p, jnp.float64), params)
         batch64 = jaxloops.Batch(jnp.asarray(batch.x, jnp.float64), batch.y)
-        loss = lambda p: jaxloops.mlp_loss(p, batch64)[0]
+        loss = jax.jit(lambda p: jaxloops.mlp_loss(p, batch64)[0])
         grads = jax.grad(loss)(params64)
         for path, index in [(("dense_0", "w"), (3, 5)), (("dense_1", "b"), (2,)), (("dense_1", "w"), (6, 0))]:
             numeric = jaxloops.finite_difference(loss, params64, path, index, eps=1e-5)

@@ -2,7 +2,7 @@ import jax
 import numpy as np
 
 import jaxloops
-from jaxloops.throughput import compare_loops, random_batches, scan_throughput
+from jaxloops.throughput import random_batches, scan_throughput
 
 
 def _step(key):
@@ -20,11 +20,3 @@ def test_scan_flops_per_step_equal_the_steps_own_cost_analysis(key):
     np.testing.assert_allclose(row["flops_per_step"], per_step, rtol=0.01)
     assert row["batch_size"] == 13
     np.testing.assert_allclose(row["examples_per_s"], 13 * row["steps_per_s"])
-
-
-def test_compare_loops_measures_all_four_drivers(key):
-    train_step, params, opt_state = _step(key)
-    rates = compare_loops(train_step, params, opt_state, random_batches(key, 4, 3, 5, 3),
-                          log_every=2, repeats=1, eager_steps=1)
-    assert len(rates) == 4 and all(r > 0 for r in rates.values())
-    assert "lax.scan over the epoch, metrics stay on device" in rates

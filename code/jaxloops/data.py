@@ -6,8 +6,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
 
 class Batch(NamedTuple):
@@ -51,6 +49,10 @@ def load_digits_split(seed: int, test_fraction: float = 0.25) -> Split:
     Returns:
       A `Split` of NumPy arrays: x (examples, 64) float32, y (examples,) int32.
     """
+    # Imported here: scikit-learn takes ~2 s to import, which every page would pay otherwise.
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
     digits = load_digits()
     x = digits.images.reshape(len(digits.images), -1).astype(np.float32)  # (n, 8, 8) -> (n, 64)
     y = digits.target.astype(np.int32)

@@ -1,5 +1,6 @@
 """A small MLP on a dict pytree: init, logits, cross-entropy, accuracy."""
 
+import functools
 from typing import Sequence
 
 import jax
@@ -10,12 +11,14 @@ from jaxloops.data import Batch
 Params = dict[str, dict[str, jax.Array]]
 
 
+@functools.partial(jax.jit, static_argnames="sizes")
 def init_mlp(key: jax.Array, sizes: Sequence[int]) -> Params:
     """He-initialised dense layers: {"dense_0": {"w": (F_0, F_1), "b": (F_1,)}, ...}.
 
     Args:
       key: a PRNG key.
-      sizes: layer widths from input to output, e.g. (64, 256, 256, 10).
+      sizes: layer widths from input to output, e.g. (64, 256, 256, 10); a tuple (static
+        under jit: one compiled initialiser per architecture).
     """
     if len(sizes) < 2 or min(sizes) < 1:
         raise ValueError(f"sizes {tuple(sizes)} need at least an input and an output width >= 1")
