@@ -217,5 +217,5 @@ def markdown_table(rows, columns: dict) -> str:
         return str(value).replace("|", "\\|").replace("$", "\\$")
 
     lines = ["| " + " | ".join(columns.values()) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(row[key]) for key in columns) + " |" for row in rows]
+    lines += ["| " + " | ".join(cell(row.get(key)) for key in columns) + " |" for row in rows]
     return "\n".join(lines)

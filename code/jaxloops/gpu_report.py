@@ -12,6 +12,7 @@ import subprocess
 
 import jax
 
+from jaxloops.attention_bench import markdown_table
 from jaxloops.backend import versions
 
 # Top-level sections every results file must have, and what each holds.
@@ -153,22 +154,6 @@ def goals(results: dict) -> list[dict]:
     return rows
 
 
-def markdown_rows(rows: list[dict], columns: dict[str, str]) -> str:
-    """A Markdown table of `rows`, one column per key of `columns` (key: header)."""
-    def cell(value):
-        if value is None:
-            return "—"
-        if value is True or value is False:
-            return "yes" if value else "**no**"
-        if isinstance(value, float):
-            return f"{value:.3g}"
-        return str(value).replace("|", "\\|")
-
-    lines = ["| " + " | ".join(columns.values()) + " |", "|" + " --- |" * len(columns)]
-    lines += ["| " + " | ".join(cell(row.get(key)) for key in columns) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def label(results: dict | None) -> str:
     """"<device>, <date>" for a recorded run, or a plain statement that none is recorded."""
     if results is None:
@@ -191,11 +176,11 @@ def sidebar(results: dict | None, rows_for: str) -> str:
         rows = [{"batch": r["batch_size"], "steps/s": r["steps_per_s"],
                  "of f32 ceiling": f"{100 * r['flops_per_s'] / ceiling:.0f} %" if ceiling else None}
                 for r in results["mlp"]]
-        table = markdown_rows(rows, {"batch": "batch", "steps/s": "steps/s", "of f32 ceiling": "of ceiling"})
+        table = markdown_table(rows, {"batch": "batch", "steps/s": "steps/s", "of f32 ceiling": "of ceiling"})
     elif rows_for == "attention":
         longest = max(r["L"] for r in results["attention"])
         rows = [r for r in results["attention"] if r["L"] == longest]
-        table = markdown_rows(rows, {"implementation": "implementation", "dtype": "dtype",
+        table = markdown_table(rows, {"implementation": "implementation", "dtype": "dtype",
                                      "seconds": "seconds", "error": "error"})
     else:
         raise ValueError(f"rows_for is {rows_for!r}; expected 'mlp' or 'attention'")

@@ -13,16 +13,20 @@ import jax.numpy as jnp
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
+def _warm_up(fn, args, warmup: int, repeats: int) -> None:
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats=}, {warmup=}")
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+
+
 def time_call(fn: Callable[..., Any], *args, warmup: int = 2, repeats: int = 7) -> float:
     """Median wall time of `fn(*args)` in seconds, waiting for the result each time.
 
     The warm-up calls absorb compilation; `block_until_ready` makes the clock wait for
     the device instead of stopping when the work is merely queued.
     """
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats=}, {warmup=}")
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
+    _warm_up(fn, args, warmup, repeats)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -37,10 +41,7 @@ def time_dispatch(fn: Callable[..., Any], *args, warmup: int = 2, repeats: int =
     JAX dispatches asynchronously: the call returns once the work is queued. The result is
     awaited between repeats (outside the clock) so the queue starts empty each time.
     """
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats=}, {warmup=}")
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
+    _warm_up(fn, args, warmup, repeats)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
