@@ -7,13 +7,11 @@ build's own figures, labelled with the device and date it was measured on.
 import datetime
 import json
 import pathlib
-import shutil
-import subprocess
 
 import jax
 
 from jaxloops.attention_bench import markdown_table
-from jaxloops.backend import versions
+from jaxloops.backend import gpu_facts, versions
 
 # Top-level sections every results file must have, and what each holds.
 RESULT_SECTIONS = {
@@ -26,36 +24,6 @@ RESULT_SECTIONS = {
 }
 
 
-def _nvidia_smi() -> dict[str, str]:
-    """Driver version, GPU name and memory from nvidia-smi; {} where it is absent."""
-    if shutil.which("nvidia-smi") is None:
-        return {}
-    query = "--query-gpu=name,driver_version,memory.total"
-    try:
-        out = subprocess.run(["nvidia-smi", query, "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20, check=True).stdout.strip().splitlines()
-    except (subprocess.SubprocessError, OSError):
-        return {}
-    name, driver, memory = (part.strip() for part in out[0].split(","))
-    return {"gpu_name": name, "driver": driver, "gpu_memory": memory}
-
-
-def _cuda_versions() -> dict[str, str]:
-    """CUDA runtime/driver and cuDNN versions as JAX's CUDA plugin reports them; {} on CPU."""
-    from jax._src.lib import cuda_versions  # None without a CUDA plugin
-
-    if cuda_versions is None or jax.default_backend() != "gpu":
-        return {}
-    facts = {}
-    for name in ("cuda_runtime_get_version", "cuda_driver_get_version", "cudnn_get_version"):
-        getter = getattr(cuda_versions, name, None)
-        try:
-            facts[name.removesuffix("_get_version")] = str(getter()) if getter else "unknown"
-        except Exception as error:  # noqa: BLE001 -- report, do not guess
-            facts[name.removesuffix("_get_version")] = f"unavailable ({type(error).__name__})"
-    return facts
-
-
 def accelerator_facts() -> dict[str, str]:
     """What a results file or the build-information page says about the machine."""
     device = jax.devices()[0]
@@ -66,8 +34,7 @@ def accelerator_facts() -> dict[str, str]:
         "device_count": str(jax.device_count()),
     }
     facts.update(versions())
-    facts.update(_nvidia_smi())
-    facts.update(_cuda_versions())
+    facts.update(gpu_facts())  # GPUs, driver, CUDA and cuDNN; nothing on a CPU
     return facts
 
 
@@ -159,7 +126,7 @@ def label(results: dict | None) -> str:
     if results is None:
         return "no GPU run is recorded in this copy of the book"
     facts = results["facts"]
-    return f"{facts.get('gpu_name', facts['device_kind'])}, measured {facts['date']}"
+    return f"{facts.get('gpus', facts['device_kind'])}, measured {facts['date']}"
 
 
 def sidebar(results: dict | None, rows_for: str) -> str:
