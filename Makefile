@@ -57,7 +57,8 @@ test: venv
 
 book: venv mathjax
 	rm -rf _build/html _build/.doctrees _build/jupyter_execute
-	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
+	# MPLBACKEND=Agg in the environment would stop figures from reaching the pages: unset it.
+	env -u MPLBACKEND $(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 	@echo "Open _build/html/index.html in a browser."
 
 # Serves $(HTML) on localhost and drives headless Chromium over every page; also checks every

@@ -17,7 +17,7 @@ OUT_DIR=${1:-gpu-run}
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 PY=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+export PYTHONUNBUFFERED=1  # no MPLBACKEND: the book needs the inline backend for its figures
 
 if "$PY" -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')" 2>/dev/null; then
   echo "using $PY with its own JAX: $("$PY" -c 'import jax; print(jax.__version__, jax.devices())')"
