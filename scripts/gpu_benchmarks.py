@@ -19,8 +19,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import jaxloops  # noqa: E402
-from jaxloops import attention_bench, gpu_report  # noqa: E402
-from jaxloops.throughput import random_batches, scan_throughput  # noqa: E402
+from jaxloops.measure import gpu_report, sweeps  # noqa: E402
+from jaxloops.measure import random_batches, scan_throughput  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -37,39 +37,39 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     key = jax.random.key(0)
 
-    matmul_size = 256 if args.tiny else sizes.matmul_size
-    matmul = {dtype: jaxloops.matmul_throughput(key, matmul_size, dtype=dtype, repeats=sizes.repeats)
+    matmul_size = 256 if args.tiny else sizes.measure.matmul_size
+    matmul = {dtype: measure.matmul_throughput(key, matmul_size, dtype=dtype, repeats=sizes.measure.repeats)
               for dtype in ("float32", "bfloat16")}
     print("matmul FLOP/s:", {k: f"{v:.3g}" for k, v in matmul.items()}, flush=True)
 
-    config = {"batch": 1 if args.tiny else 4, "heads": sizes.attention_heads,
-              "head_dim": 32 if args.tiny else 128, "block_size": sizes.attention_block_size}
+    config = {"batch": 1 if args.tiny else 4, "heads": sizes.attention.heads,
+              "head_dim": 32 if args.tiny else 128, "block_size": sizes.attention.block_size}
     lengths = (64, 128) if args.tiny else (1024, 2048, 4096, 8192, 16384)
     # Naive and XLA materialise (B, N, T, S) scores: at L = 16384 that is 34 GB in f32.
-    materialise = max(lengths) if args.tiny else sizes.attention_materialise_max_length
+    materialise = max(lengths) if args.tiny else sizes.attention.materialise_max_length
     requests = [("naive", "bfloat16"), ("xla", "bfloat16"), ("cudnn", "bfloat16"),
                 ("cudnn", "float16"), ("blockwise", "bfloat16"), ("xla", "float32")]
-    attention = attention_bench.attention_sweep(
+    attention = sweeps.attention_sweep(
         lengths, requests, batch=config["batch"], heads=config["heads"],
         head_dim=config["head_dim"], block_size=config["block_size"],
-        repeats=sizes.attention_repeats, materialise_max_length=materialise)
-    print(attention_bench.markdown_table(attention, {"implementation": "impl", "dtype": "dtype", "L": "L",
+        repeats=sizes.attention.repeats, materialise_max_length=materialise)
+    print(sweeps.markdown_table(attention, {"implementation": "impl", "dtype": "dtype", "T": "T = S",
                                                      "seconds": "s", "error": "error"}), flush=True)
-    causal = attention_bench.causal_sweep(
+    causal = sweeps.causal_sweep(
         lengths, ("cudnn", "xla"), dtype="bfloat16", batch=config["batch"], heads=config["heads"],
-        head_dim=config["head_dim"], block_size=config["block_size"], repeats=sizes.attention_repeats,
+        head_dim=config["head_dim"], block_size=config["block_size"], repeats=sizes.attention.repeats,
         materialise_max_length=materialise)
 
-    params = jaxloops.init_mlp(key, (64, *sizes.hidden, 10))
-    optimizer = jaxloops.make_optimizer(sizes.learning_rate, sizes.weight_decay)
+    params = jaxloops.init_mlp(key, (64, *sizes.loop.hidden, 10))
+    optimizer = jaxloops.make_optimizer(sizes.loop.learning_rate, sizes.loop.weight_decay)
     train_step = jaxloops.make_train_step(jaxloops.mlp_loss, optimizer)
     mlp = [scan_throughput(train_step, params, optimizer.init(params),
-                           random_batches(key, sizes.throughput_steps, batch_size, 64, 10), sizes.repeats)
-           for batch_size in ((16, 32) if args.tiny else sizes.throughput_batch_sizes)]
+                           random_batches(key, sizes.loop.throughput_steps, batch_size, 64, 10), sizes.measure.repeats)
+           for batch_size in ((16, 32) if args.tiny else sizes.loop.throughput_batch_sizes)]
 
     build = json.loads(args.build_times.read_text()) if args.build_times else {}
     build["benchmarks_seconds"] = time.perf_counter() - start
-    facts = gpu_report.accelerator_facts()
+    facts = machine.machine_facts()
     facts["tiny"] = args.tiny
     results = {"facts": facts, "matmul": matmul, "attention_config": config, "attention": attention,
                "causal": causal, "mlp": mlp, "build": build}

@@ -1,42 +1,45 @@
-import subprocess
-from importlib import metadata
+import dataclasses
+
+import pytest
 
 import jaxloops
-from jaxloops import backend
-
-QUERY = "NVIDIA H200, 570.124.06, 143771 MiB\nNVIDIA H200, 570.124.06, 143771 MiB\n"
-HEADER = "| NVIDIA-SMI 570.124.06   Driver Version: 570.124.06   CUDA Version: 12.8     |\n"
 
 
-def fake_run(outputs):
-    def run(command, **kwargs):
-        return subprocess.CompletedProcess(command, 0, stdout=outputs[len(command) > 1], stderr="")
-
-    return run
-
-
-def test_gpu_facts_is_empty_without_nvidia_smi(monkeypatch):
-    monkeypatch.setattr(backend.shutil, "which", lambda name: None)
-    assert jaxloops.gpu_facts() == {}
-
-
-def test_gpu_facts_reads_every_gpu_the_driver_and_its_cuda_version(monkeypatch):
-    monkeypatch.setattr(backend.shutil, "which", lambda name: "/usr/bin/" + name)
-    facts = jaxloops.gpu_facts(run=fake_run({True: QUERY, False: HEADER}))
-    assert facts["gpus"] == "NVIDIA H200 (143771 MiB); NVIDIA H200 (143771 MiB)"
-    assert facts["driver"] == "570.124.06"
-    assert facts["cuda_driver"] == "12.8"
-
-
-def test_gpu_facts_is_empty_when_nvidia_smi_fails(monkeypatch):
-    def failing(command, **kwargs):
-        raise subprocess.CalledProcessError(9, command)
-
-    monkeypatch.setattr(backend.shutil, "which", lambda name: "/usr/bin/" + name)
-    assert jaxloops.gpu_facts(run=failing) == {}
+@pytest.mark.parametrize("backend", ["cpu", "gpu", "tpu"])
+def test_sizes_of_every_backend_are_consistent(backend):
+    """The GPU sizes are never executed on CPU CI, so their consistency is checked here."""
+    sizes = jaxloops.experiment_sizes(backend)
+    assert sizes.backend == backend
+    loop, attn, lm = sizes.loop, sizes.attention, sizes.lm
+    assert all(width >= 1 for width in loop.hidden)
+    assert sorted(loop.throughput_batch_sizes) == list(loop.throughput_batch_sizes)
+    assert 0 < loop.batch_size <= 1347  # the digits training split has 1347 examples
+    assert list(attn.lengths) == sorted(attn.lengths)
+    assert attn.materialise_max_length <= max(attn.lengths)
+    assert all(length % attn.block_size == 0 for length in attn.lengths if length >= attn.block_size)
+    assert set(attn.causal_lengths) <= set(attn.lengths) | set(attn.causal_lengths)
+    assert attn.heads >= 1 and attn.head_dim >= 1 and attn.repeats >= 1
+    assert lm.steps % lm.eval_every == 0
+    # The language model's sizes must build a config (divisibility of D by N, N by K).
+    config = jaxloops.TransformerConfig(vocab_size=97, num_layers=lm.layers, model_dim=lm.model_dim,
+                                        num_heads=lm.heads, num_kv_heads=lm.kv_heads,
+                                        hidden_dim=lm.hidden_dim, max_len=lm.seq_len)
+    assert config.head_dim * lm.heads == lm.model_dim
 
 
-def test_versions_match_the_installed_distributions():
-    found = jaxloops.versions()
-    for name in ("jax", "jaxlib", "optax"):
-        assert found[name] == metadata.version(name)
+def test_gpu_sizes_are_larger_than_cpu_sizes():
+    cpu, gpu = jaxloops.experiment_sizes("cpu"), jaxloops.experiment_sizes("gpu")
+    assert max(gpu.attention.lengths) > max(cpu.attention.lengths)
+    assert gpu.lm.model_dim > cpu.lm.model_dim
+    assert gpu.measure.matmul_size > cpu.measure.matmul_size
+
+
+def test_sizes_are_frozen():
+    sizes = jaxloops.experiment_sizes("cpu")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sizes.loop.batch_size = 7
+
+
+def test_unknown_backend_is_named():
+    with pytest.raises(ValueError, match="'quantum'"):
+        jaxloops.experiment_sizes("quantum")

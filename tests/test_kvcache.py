@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import jaxloops
+from jaxloops import measure
 
 
 def normal(shape, seed=0):
@@ -25,7 +26,7 @@ def test_allocated_cache_bytes_equal_the_formula(kv_heads, dtype):
     expected = jaxloops.kv_cache_bytes(layers=3, kv_heads=kv_heads, head_dim=9, length=11,
                                        batch=5, bytes_per_element=jnp.dtype(dtype).itemsize)
     assert cache["key"].shape == (3, 5, kv_heads, 11, 9)  # (L, B, K, S, H)
-    assert jaxloops.allocated_bytes(cache) == expected
+    assert measure.allocated_bytes(cache) == expected
 
 
 def test_attention_kind():

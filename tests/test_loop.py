@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import jaxloops
+from jaxloops import measure
 
 
 def test_scan_epoch_equals_the_step_by_step_loop(digits, key):
@@ -36,7 +37,7 @@ def test_fit_compiles_the_epoch_once_and_learns(digits, key):
     params = jaxloops.init_mlp(key, (64, 32, 10))
     optimizer = jaxloops.make_optimizer(3e-3, 1e-4)
     train_step = jaxloops.make_train_step(jaxloops.mlp_loss, optimizer)
-    with jaxloops.count_compiles() as log:
+    with measure.count_compiles() as log:
         params, _, history = jaxloops.fit(key, params, optimizer.init(params), train_step, digits.train, 128, 3)
     assert log.names.count("jit(epoch)") == 1
     assert history["loss"].shape == (3,)

@@ -5,6 +5,7 @@ import optax
 import pytest
 
 import jaxloops
+from jaxloops import measure
 
 
 def _setup(key, sizes=(64, 11, 10)):
@@ -36,7 +37,7 @@ def test_train_step_compiles_once_for_a_whole_epoch(digits, key):
     params, optimizer, opt_state = _setup(key)
     step = jax.jit(jaxloops.make_train_step(jaxloops.mlp_loss, optimizer), donate_argnums=(0, 1))
     batches = jaxloops.unstack(jaxloops.epoch_batches(key, digits.train, 128))
-    with jaxloops.count_compiles() as log:
+    with measure.count_compiles() as log:
         for batch in batches:
             params, opt_state, metrics = step(params, opt_state, batch)
     assert len(batches) == 10
@@ -47,7 +48,7 @@ def test_train_step_compiles_once_for_a_whole_epoch(digits, key):
 def test_ragged_last_batch_costs_a_second_compilation(digits, key):
     params, optimizer, opt_state = _setup(key)
     step = jax.jit(jaxloops.make_train_step(jaxloops.mlp_loss, optimizer))
-    with jaxloops.count_compiles() as log:
+    with measure.count_compiles() as log:
         for batch in jaxloops.ragged_batches(digits.train, 128):
             params, opt_state, _ = step(params, opt_state, batch)
     assert log.names.count("jit(train_step)") == 2

@@ -30,10 +30,17 @@ def check_attention_shapes(query, key, value, mask=None) -> tuple[int, ...]:
                 f"{name} must have rank 4 ((B, T, N, H) for query, (B, S, K, H) for "
                 f"key/value), got shape {jnp.shape(array)}"
             )
+    for name, array in (("query", query), ("key", key), ("value", value)):
+        if not jnp.issubdtype(jnp.result_type(array), jnp.floating):
+            raise ValueError(f"{name} must be floating point, got {jnp.result_type(array)}")
     B, T, N, H = query.shape
+    if min(B, T, N, H) < 1:
+        raise ValueError(f"query {query.shape} has an empty axis; need B, T, N, H >= 1")
     if key.shape != value.shape:
         raise ValueError(f"key and value shapes differ: key {key.shape}, value {value.shape}")
     key_batch, S, K, key_head_dim = key.shape
+    if min(S, K) < 1:
+        raise ValueError(f"key {key.shape} has an empty axis; need S, K >= 1")
     if key_batch != B:
         raise ValueError(f"query has batch {B}, key/value have batch {key_batch} "
                          f"(query {query.shape}, key {key.shape})")
@@ -91,12 +98,44 @@ def softmax(scores):
     return weights / weights.sum(axis=-1, keepdims=True)
 
 
+def attention_weights(query, key, *, is_causal: bool = False, mask=None):
+    """Softmax weights (B, N, T, S): row t says how query t spreads over the S keys.
+
+    Moves 1-3 of attention (scores, scale, mask, softmax), in at least float32.
+
+    Args:
+      query: (B, T, N, H).
+      key: (B, S, K, H) with N % K == 0.
+      is_causal: query t attends to keys s <= t (aligned top-left, like jax).
+      mask: optional boolean, broadcastable to (B, N, T, S); True = attend.
+    """
+    B, T, N, H = query.shape
+    _, S, K, _ = key.shape
+    G = N // K
+    # Logits and softmax in at least float32, as jax's XLA path does for bf16/fp16.
+    logits_dtype = jnp.promote_types(query.dtype, jnp.float32)
+    # Heads-major layouts, so that the batch dimensions of the matmul lead.
+    query_BKGTH = query.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4)  # (B, K, G, T, H)
+    key_BKSH = key.transpose(0, 2, 1, 3)  # (B, K, S, H)
+    # Move 1: every query against every key.
+    scores = jnp.einsum("BKGTH,BKSH->BKGTS", query_BKGTH, key_BKSH,
+                        preferred_element_type=logits_dtype)  # (B, K, G, T, S)
+    # Move 2: scale so the logits' variance does not grow with H.
+    scores = scores * (1.0 / math.sqrt(H))
+    if is_causal:
+        scores = jnp.where(causal_mask(T, S), scores, masked_fill_value(scores.dtype))
+    if mask is not None:
+        scores = jnp.where(grouped_mask(mask, N, K), scores, masked_fill_value(scores.dtype))
+    # Move 3: softmax over the keys.
+    return softmax(scores).reshape(B, N, T, S)  # (B, K, G, T, S) -> (B, N, T, S)
+
+
 @functools.partial(jax.jit, static_argnames=("is_causal",))
 def attention(query, key, value, *, is_causal: bool = False, mask=None):
     """Naive attention: materialises the (T, S) scores for every batch and head.
 
     Args:
-      query: (B, T, N, H).
+      query: (B, T, N, H), floating point.
       key: (B, S, K, H) with N % K == 0 (K = N MHA, 1 < K < N GQA, K = 1 MQA).
       value: (B, S, K, H).
       is_causal: query t attends to keys s <= t (aligned top-left, like jax).
@@ -108,24 +147,9 @@ def attention(query, key, value, *, is_causal: bool = False, mask=None):
     query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
     B, T, S, N, K, H = check_attention_shapes(query, key, value, mask)
     G = N // K
-    # Logits and softmax in at least float32, as jax's XLA path does for bf16/fp16.
-    logits_dtype = jnp.promote_types(query.dtype, jnp.float32)
-    # Heads-major layouts, so that the batch dimensions of both matmuls lead.
-    query_BKGTH = query.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4)  # (B, K, G, T, H)
-    key_BKSH = key.transpose(0, 2, 1, 3)  # (B, K, S, H)
+    weights = attention_weights(query, key, is_causal=is_causal, mask=mask)  # (B, N, T, S)
+    weights = weights.reshape(B, K, G, T, S)  # (B, N, T, S) -> (B, K, G, T, S)
     value_BKSH = value.transpose(0, 2, 1, 3)  # (B, K, S, H)
-
-    # Move 1: every query against every key.
-    scores = jnp.einsum("BKGTH,BKSH->BKGTS", query_BKGTH, key_BKSH,
-                        preferred_element_type=logits_dtype)  # (B, K, G, T, S)
-    # Move 2: scale so the logits' variance does not grow with H.
-    scores = scores * (1.0 / math.sqrt(H))
-    if is_causal:
-        scores = jnp.where(causal_mask(T, S), scores, masked_fill_value(scores.dtype))
-    if mask is not None:
-        scores = jnp.where(grouped_mask(mask, N, K), scores, masked_fill_value(scores.dtype))
-    # Move 3: softmax over the keys.
-    weights = softmax(scores)  # (B, K, G, T, S)
     # Move 4: mix the values with those weights.
     out = jnp.einsum("BKGTS,BKSH->BKGTH", weights.astype(value.dtype),
                      value_BKSH)  # (B, K, G, T, H)

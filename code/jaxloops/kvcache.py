@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxloops.attention import causal_mask
 from jaxloops.attention import masked_fill_value
 from jaxloops.attention import softmax
 
@@ -50,13 +51,7 @@ def init_kv_cache(*, layers: int, batch: int, length: int, kv_heads: int, head_d
     return {"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)}
 
 
-def allocated_bytes(tree) -> int:
-    """Bytes the device buffers of every array in `tree` really occupy."""
-    return sum(shard.data.on_device_size_in_bytes()
-               for leaf in jax.tree.leaves(tree) for shard in leaf.addressable_shards)
-
-
-def _check_decode_shapes(query, cache_key, cache_value) -> tuple[int, ...]:
+def check_decode_shapes(query, cache_key, cache_value) -> tuple[int, ...]:
     """Checks a (B, 1, N, H) query against a (B, K, S, H) cache; returns (B, N, K, S, H)."""
     if query.ndim != 4 or query.shape[1] != 1:
         raise ValueError(f"query must be (B, 1, N, H) for one new token, got {query.shape}")
@@ -82,12 +77,12 @@ def decode_attention(query, cache_key, cache_value, length):
     Returns:
       (B, 1, N, H).
     """
-    B, N, K, S, H = _check_decode_shapes(query, cache_key, cache_value)
+    B, N, K, S, H = check_decode_shapes(query, cache_key, cache_value)
     query_BKGH = query.reshape(B, K, N // K, H)  # (B, K, G, H)
     scores = jnp.einsum("BKGH,BKSH->BKGS", query_BKGH, cache_key,
                         preferred_element_type=jnp.float32) / math.sqrt(H)  # (B, K, G, S)
     # `is_causal` would align top-left and show the one query slot 0 only: mask instead.
-    filled = jnp.arange(S) < length  # (S,)
+    filled = causal_mask(1, S, offset=length - 1)  # (1, S): slots < length
     weights = softmax(jnp.where(filled, scores, masked_fill_value(jnp.float32)))
     out = jnp.einsum("BKGS,BKSH->BKGH", weights.astype(cache_value.dtype),
                      cache_value)  # (B, K, G, H)
@@ -105,7 +100,7 @@ def decode_step(query, new_key, new_value, cache_key, cache_value, position):
     Returns:
       (output (B, 1, N, H), cache_key, cache_value).
     """
-    B, _, K, _, H = _check_decode_shapes(query, cache_key, cache_value)
+    B, _, K, _, H = check_decode_shapes(query, cache_key, cache_value)
     if new_key.shape != (B, 1, K, H) or new_value.shape != (B, 1, K, H):
         raise ValueError(f"new key/value must be (B, 1, K, H) = {(B, 1, K, H)} to match the "
                          f"cache {cache_key.shape}; got {new_key.shape} and {new_value.shape}")

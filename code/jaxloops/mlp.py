@@ -1,4 +1,4 @@
-"""A small MLP on a dict pytree: init, logits, cross-entropy, accuracy."""
+"""A small MLP on a dict pytree: init, logits and its loss."""
 
 import functools
 from typing import Sequence
@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxloops.data import Batch
+from jaxloops.losses import accuracy, cross_entropy
 
 Params = dict[str, dict[str, jax.Array]]
 
@@ -38,18 +39,6 @@ def mlp_logits(params: Params, x: jax.Array) -> jax.Array:
     for layer in layers[:-1]:
         x = jax.nn.relu(x @ layer["w"] + layer["b"])  # (B, F_i) -> (B, F_{i+1})
     return x @ layers[-1]["w"] + layers[-1]["b"]  # (B, F) -> (B, C)
-
-
-def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Mean cross-entropy from logits (B, C) and integer labels (B,), stable for any scale."""
-    log_probs = logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)  # (B, C)
-    picked = jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]  # (B,)
-    return -picked.mean()
-
-
-def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Share of rows whose largest logit is the label."""
-    return (logits.argmax(axis=-1) == labels).mean()
 
 
 def mlp_loss(params: Params, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:

@@ -14,9 +14,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxloops.attention import attention
+from jaxloops.attention import attention, attention_weights, causal_mask
 from jaxloops.data import Batch
-from jaxloops.mlp import cross_entropy
+from jaxloops.losses import accuracy, cross_entropy
 
 Params = dict
 
@@ -141,7 +141,7 @@ def attention_block(params: Params, x: jax.Array, cache=None, start=0):
         # is_causal aligns top-left (query 0 with key 0); the new queries sit at start + t,
         # and positions after them are future tokens or not yet written, so mask by position.
         T, S = query.shape[1], key.shape[1]
-        mask = jnp.arange(S)[None, :] <= start + jnp.arange(T)[:, None]  # (T, S)
+        mask = causal_mask(T, S, offset=start)  # (T, S)
         out = attention(query, key, value, mask=mask)  # (B, T, N, H)
     return x + jnp.einsum("BTNH,NHD->BTD", out, params["out"]), cache  # (B, T, D)
 
@@ -210,8 +210,7 @@ def transformer_loss(params: Params, batch: Batch):
     logits = transformer_logits(params, batch.x)  # (B, T, V)
     V = logits.shape[-1]
     logits_V, labels = logits.reshape(-1, V), batch.y.reshape(-1)  # (B*T, V), (B*T,)
-    accuracy = (logits_V.argmax(axis=-1) == labels).mean()
-    return cross_entropy(logits_V, labels), {"accuracy": accuracy}
+    return cross_entropy(logits_V, labels), {"accuracy": accuracy(logits_V, labels)}
 
 
 def attention_map(params: Params, tokens: jax.Array, layer: int) -> jax.Array:
@@ -224,9 +223,4 @@ def attention_map(params: Params, tokens: jax.Array, layer: int) -> jax.Array:
         x, _ = attention_block(params[f"block_{i}"]["attention"], x)
         x = mlp_block(params[f"block_{i}"]["mlp"], x)
     query, key, _ = project_qkv(params[f"block_{layer}"]["attention"], x)
-    B, T, N, H = query.shape
-    K = key.shape[2]
-    query = query.reshape(B, T, K, N // K, H)  # (B, T, K, G, H)
-    scores = jnp.einsum("BTKGH,BSKH->BKGTS", query, key) / math.sqrt(H)  # (B, K, G, T, S)
-    scores = jnp.where(jnp.tril(jnp.ones((T, T), bool)), scores, -jnp.inf)
-    return jax.nn.softmax(scores, axis=-1).reshape(B, N, T, T)  # (B, N, T, S=T)
+    return attention_weights(query, key, is_causal=True)  # (B, N, T, S=T)

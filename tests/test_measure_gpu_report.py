@@ -7,7 +7,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from jaxloops import gpu_report  # noqa: E402
+from jaxloops.measure import gpu_report  # noqa: E402
 
 SAMPLE = pathlib.Path(__file__).parent / "data" / "gpu_results_sample.json"
 
@@ -21,12 +21,12 @@ def test_missing_file_means_no_recorded_run(tmp_path):
 def test_sample_file_renders_goals_with_the_right_arithmetic():
     results = gpu_report.load_results(SAMPLE)
     goals = {row["goal"]: row for row in gpu_report.goals(results)}
-    # 4*B*N*L*L*H / s / bf16 ceiling = 4*4*8*8192^2*128 / 0.0012 / 6e14
+    # 4*B*N*T*S*H / s / bf16 ceiling = 4*4*8*8192^2*128 / 0.0012 / 6e14
     fraction = 4 * 4 * 8 * 8192**2 * 128 / 0.0012 / 6.0e14
-    cudnn_goal = goals["cuDNN attention, L = 8192, bf16: ≥ 50 % of bf16 matmul FLOP/s"]
+    cudnn_goal = goals["cuDNN attention, T = S = 8192, bf16: ≥ 50 % of bf16 matmul FLOP/s"]
     assert cudnn_goal["measured"] == f"{100 * fraction:.1f} %"
     assert cudnn_goal["met"] is (fraction >= 0.5)
-    assert goals["cuDNN attention, L = 8192, bf16: ≥ 10× naive"]["measured"] == "16.7×"
+    assert goals["cuDNN attention, T = S = 8192, bf16: ≥ 10× naive"]["measured"] == "16.7×"
     assert goals["strict book build on the GPU (reported)"]["measured"] == "200 s"
 
 

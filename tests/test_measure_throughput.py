@@ -2,7 +2,8 @@ import jax
 import numpy as np
 
 import jaxloops
-from jaxloops.throughput import random_batches, scan_throughput
+from jaxloops import measure
+from jaxloops.measure import random_batches, scan_throughput
 
 
 def _step(key):
@@ -16,7 +17,7 @@ def test_scan_flops_per_step_equal_the_steps_own_cost_analysis(key):
     batches = random_batches(key, 11, 13, 5, 3)
     row = scan_throughput(train_step, params, opt_state, batches, repeats=1)
     one = jax.tree.map(lambda a: a[0], batches)
-    per_step = jaxloops.compiled_flops(train_step, params, opt_state, one)
+    per_step = measure.compiled_flops(train_step, params, opt_state, one)
     np.testing.assert_allclose(row["flops_per_step"], per_step, rtol=0.01)
     assert row["batch_size"] == 13
     np.testing.assert_allclose(row["examples_per_s"], 13 * row["steps_per_s"])

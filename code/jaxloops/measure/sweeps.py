@@ -11,12 +11,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxloops.kernels import attention_fn
-from jaxloops.kernels import run_attention
+from jaxloops.measure.kernels import attention_fn
+from jaxloops.measure.kernels import run_attention
+from jaxloops.attention import causal_mask
 from jaxloops.kvcache import decode_attention
-from jaxloops.timing import compiled_flops
-from jaxloops.timing import compiled_temp_bytes
-from jaxloops.timing import time_call
+from jaxloops.measure.timing import compiled_flops
+from jaxloops.measure.timing import compiled_temp_bytes
+from jaxloops.measure.timing import time_call
 
 MATERIALISING = ("naive", "xla")  # implementations that build the (B, N, T, S) scores
 
@@ -36,7 +37,7 @@ def reference_attention(query, key, value, *, is_causal: bool = False) -> np.nda
     q = q.reshape(B, T, K, N // K, H)  # (B, T, K, G, H)
     scores = np.einsum("BTKGH,BSKH->BKGTS", q, k) / math.sqrt(H)  # (B, K, G, T, S)
     if is_causal:
-        scores = np.where(np.tril(np.ones((T, S), bool)), scores, -np.inf)
+        scores = np.where(np.asarray(causal_mask(T, S)), scores, -np.inf)
     weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
     weights /= weights.sum(axis=-1, keepdims=True)
     out = np.einsum("BKGTS,BSKH->BTKGH", weights, v)  # (B, T, K, G, H)
@@ -81,7 +82,7 @@ def attention_sweep(lengths, requests, *, batch: int, heads: int, head_dim: int,
                 qkv[dtype] = random_qkv(seed, batch=batch, length=length,
                                         heads=heads, head_dim=head_dim, dtype=dtype)
             args = qkv[dtype]
-            row = {"implementation": name, "dtype": dtype, "L": int(length),
+            row = {"implementation": name, "dtype": dtype, "T": int(length),
                    "is_causal": is_causal, "temp_bytes": None, "flops": None,
                    "seconds": None, "error": ""}
             rows.append(row)
@@ -143,7 +144,7 @@ def causal_sweep(lengths, implementations, *, dtype, batch: int, heads: int, hea
     for full, causal in zip(sweep[0::2], sweep[1::2]):
         ran = full["seconds"] is not None and causal["seconds"] is not None
         rows.append({
-            "implementation": full["implementation"], "dtype": dtype, "L": full["L"],
+            "implementation": full["implementation"], "dtype": dtype, "T": full["T"],
             "full_seconds": full["seconds"], "causal_seconds": causal["seconds"],
             "speedup": full["seconds"] / causal["seconds"] if ran else None,
             "full_flops": full["flops"], "causal_flops": causal["flops"],

@@ -13,7 +13,7 @@ from jaxloops.attention import attention
 from jaxloops.attention import causal_mask
 from jaxloops.attention import masked_fill_value
 from jaxloops.generation import init_cache
-from jaxloops.kvcache import _check_decode_shapes
+from jaxloops.kvcache import check_decode_shapes
 from jaxloops.kvcache import kv_cache_bytes
 from jaxloops.transformer import cached_logits
 
@@ -136,7 +136,7 @@ def ragged_decode_attention(query, cache_key, cache_value, lengths):
     Returns:
       (B, 1, N, H).
     """
-    B, N, K, S, H = _check_decode_shapes(query, cache_key, cache_value)
+    B, N, K, S, H = check_decode_shapes(query, cache_key, cache_value)
     query_BKGH = query.reshape(B, K, N // K, H)  # (B, K, G, H)
     scores = jnp.einsum("BKGH,BKSH->BKGS", query_BKGH, cache_key,
                         preferred_element_type=jnp.float32) / math.sqrt(H)  # (B, K, G, S)

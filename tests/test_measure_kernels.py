@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import jaxloops
+from jaxloops import measure
 
 ON_GPU = jax.default_backend() == "gpu"
 
@@ -19,17 +20,17 @@ def bf16_qkv(length=16, heads=4, head_dim=64):
 
 def test_unknown_implementation_raises():
     with pytest.raises(ValueError, match="unknown implementation 'flash'"):
-        jaxloops.attention_fn("flash")
+        measure.attention_fn("flash")
 
 
 def test_attention_fn_is_cached_so_jit_reuses_compiles():
-    first = jaxloops.attention_fn("xla", is_causal=True)
-    assert jaxloops.attention_fn("xla", is_causal=True, block_size=7) is first
+    first = measure.attention_fn("xla", is_causal=True)
+    assert measure.attention_fn("xla", is_causal=True, block_size=7) is first
 
 
 def test_cudnn_request_reports_what_happened():
     query, key, value = bf16_qkv()
-    output, record = jaxloops.run_attention("cudnn", query, key, value)
+    output, record = measure.run_attention("cudnn", query, key, value)
     if ON_GPU:  # the fused kernel must really be in the program
         assert record["works"] and record["cudnn_kernel"] and record["error"] == ""
     else:
@@ -40,26 +41,26 @@ def test_cudnn_request_reports_what_happened():
 def test_cudnn_refuses_float32_and_odd_head_dims():
     for dtype, head_dim in ((jnp.float32, 64), (jnp.bfloat16, 36)):
         query, key, value = normal((3, 1, 16, 4, head_dim), 0, dtype)
-        _, record = jaxloops.run_attention("cudnn", query, key, value)
+        _, record = measure.run_attention("cudnn", query, key, value)
         assert not record["works"] and record["error"] != ""
 
 
 def test_fallback_is_recorded_and_its_output_is_right():
     query, key, value = bf16_qkv()
-    output, record = jaxloops.attention_with_fallback("cudnn", query, key, value)
+    output, record = measure.attention_with_fallback("cudnn", query, key, value)
     assert record["requested"] == "cudnn"
     assert record["ran"] == ("cudnn" if ON_GPU else "xla")
-    expected = jaxloops.reference_attention(query, key, value)  # float64 NumPy
+    expected = measure.reference_attention(query, key, value)  # float64 NumPy
     np.testing.assert_allclose(np.asarray(output, np.float32), expected, atol=2e-2)
 
 
 def test_xla_program_has_no_cudnn_call():
     query, key, value = bf16_qkv()
-    assert not jaxloops.uses_cudnn_kernel(jaxloops.attention_fn("xla"), query, key, value)
+    assert not measure.uses_cudnn_kernel(measure.attention_fn("xla"), query, key, value)
 
 
 def test_report_covers_every_case():
     cases = (("naive", "float32", 8), ("cudnn", "float32", 8))
-    rows = jaxloops.implementation_report(cases, length=8, heads=3)
+    rows = measure.implementation_report(cases, length=8, heads=3)
     assert [(r["implementation"], r["works"]) for r in rows] == [("naive", True), ("cudnn", False)]
     assert rows[1]["ran_instead"] == "xla" and rows[0]["ran_instead"] == ""

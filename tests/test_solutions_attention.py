@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import jaxloops
-from jaxloops import exercises_attention as ex
+from jaxloops import measure
+from jaxloops.solutions import attention as ex
 
 # One GQA problem shared by several tests, so they share compilations: B=2, T=S=11, N=9, K=3, H=5.
 B, L, N, K, H = 2, 11, 9, 3, 5
@@ -16,7 +17,7 @@ B, L, N, K, H = 2, 11, 9, 3, 5
 
 @pytest.fixture(scope="module")
 def qkv():
-    return jaxloops.random_qkv(3, batch=B, length=L, heads=N, head_dim=H, kv_heads=K)
+    return measure.random_qkv(3, batch=B, length=L, heads=N, head_dim=H, kv_heads=K)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def test_naive_temp_formula_is_the_leading_term_of_the_compiled_scratch():
     query = jnp.ones((b, t, n, h), jnp.float32)
     key = jnp.ones((b, s, n, h), jnp.float32)
     predicted = ex.naive_attention_temp_bytes(b, n, t, s, jnp.float32)
-    compiled = jaxloops.compiled_temp_bytes(jax.nn.dot_product_attention, query, key, key)
+    compiled = measure.compiled_temp_bytes(jax.nn.dot_product_attention, query, key, key)
     assert predicted <= compiled < 1.25 * predicted
 
 
@@ -108,9 +109,9 @@ def test_max_kv_heads_refuses_an_impossible_budget():
 
 def test_ragged_decode_equals_jax_with_sequence_lengths():
     b, s, n, k, h = 5, 11, 9, 3, 7
-    query = jaxloops.random_qkv(4, batch=b, length=1, heads=n, head_dim=h)[0]  # (B, 1, N, H)
-    cache_key = jaxloops.random_cache(5, b, s, k, h, jnp.float32)  # (B, K, S, H)
-    cache_value = jaxloops.random_cache(6, b, s, k, h, jnp.float32)
+    query = measure.random_qkv(4, batch=b, length=1, heads=n, head_dim=h)[0]  # (B, 1, N, H)
+    cache_key = measure.random_cache(5, b, s, k, h, jnp.float32)  # (B, K, S, H)
+    cache_value = measure.random_cache(6, b, s, k, h, jnp.float32)
     lengths = jnp.array([1, 11, 4, 7, 2], jnp.int32)
     got = jax.jit(ex.ragged_decode_attention)(query, cache_key, cache_value, lengths)
     want = jax.jit(jax.nn.dot_product_attention)(query, cache_key.swapaxes(1, 2),

@@ -4,14 +4,11 @@ A GPU run (scripts/gpu_run.sh) writes one JSON file; the book renders it next to
 build's own figures, labelled with the device and date it was measured on.
 """
 
-import datetime
 import json
 import pathlib
 
-import jax
-
-from jaxloops.attention_bench import markdown_table
-from jaxloops.backend import gpu_facts, versions
+from jaxloops.measure.machine import machine_facts
+from jaxloops.measure.sweeps import markdown_table
 
 # Top-level sections every results file must have, and what each holds.
 RESULT_SECTIONS = {
@@ -22,20 +19,6 @@ RESULT_SECTIONS = {
     "mlp": "device-loop throughput rows of the MLP at large batch",
     "build": "test and book-build wall times in seconds",
 }
-
-
-def accelerator_facts() -> dict[str, str]:
-    """What a results file or the build-information page says about the machine."""
-    device = jax.devices()[0]
-    facts = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "backend": jax.default_backend(),
-        "device_kind": device.device_kind,
-        "device_count": str(jax.device_count()),
-    }
-    facts.update(versions())
-    facts.update(gpu_facts())  # GPUs, driver, CUDA and cuDNN; nothing on a CPU
-    return facts
 
 
 def check_results(results: dict, *, allow_tiny: bool = False) -> dict:
@@ -87,7 +70,7 @@ def goals(results: dict) -> list[dict]:
     check_results(results, allow_tiny=True)
     rows = []
     config = results.get("attention_config", {})
-    by_key = {(r["implementation"], r["dtype"], r["L"]): r for r in results["attention"]}
+    by_key = {(r["implementation"], r["dtype"], r["T"]): r for r in results["attention"]}
     cudnn = by_key.get(("cudnn", "bfloat16", 8192))
     naive = by_key.get(("naive", "bfloat16", 8192))
     bf16_ceiling = results["matmul"].get("bfloat16")
@@ -95,18 +78,18 @@ def goals(results: dict) -> list[dict]:
         flops = attention_flops(batch=config["batch"], heads=config["heads"], length=8192,
                                 head_dim=config["head_dim"], is_causal=False)
         fraction = flops / cudnn["seconds"] / bf16_ceiling
-        rows.append({"goal": "cuDNN attention, L = 8192, bf16: ≥ 50 % of bf16 matmul FLOP/s",
+        rows.append({"goal": "cuDNN attention, T = S = 8192, bf16: ≥ 50 % of bf16 matmul FLOP/s",
                      "measured": f"{100 * fraction:.1f} %", "met": fraction >= 0.5})
     else:
-        why = (cudnn or {}).get("error") or "no cuDNN bf16 row at L = 8192"
-        rows.append({"goal": "cuDNN attention, L = 8192, bf16: ≥ 50 % of bf16 matmul FLOP/s",
+        why = (cudnn or {}).get("error") or "no cuDNN bf16 row at T = S = 8192"
+        rows.append({"goal": "cuDNN attention, T = S = 8192, bf16: ≥ 50 % of bf16 matmul FLOP/s",
                      "measured": f"not measured: {why}", "met": False})
     if cudnn and cudnn.get("seconds") and naive and naive.get("seconds"):
         speedup = naive["seconds"] / cudnn["seconds"]
-        rows.append({"goal": "cuDNN attention, L = 8192, bf16: ≥ 10× naive",
+        rows.append({"goal": "cuDNN attention, T = S = 8192, bf16: ≥ 10× naive",
                      "measured": f"{speedup:.1f}×", "met": speedup >= 10})
     else:
-        rows.append({"goal": "cuDNN attention, L = 8192, bf16: ≥ 10× naive",
+        rows.append({"goal": "cuDNN attention, T = S = 8192, bf16: ≥ 10× naive",
                      "measured": "not measured (a row is missing or did not run)", "met": False})
     f32_ceiling = results["matmul"].get("float32")
     if results["mlp"] and f32_ceiling:
@@ -145,8 +128,8 @@ def sidebar(results: dict | None, rows_for: str) -> str:
                 for r in results["mlp"]]
         table = markdown_table(rows, {"batch": "batch", "steps/s": "steps/s", "of f32 ceiling": "of ceiling"})
     elif rows_for == "attention":
-        longest = max(r["L"] for r in results["attention"])
-        rows = [r for r in results["attention"] if r["L"] == longest]
+        longest = max(r["T"] for r in results["attention"])
+        rows = [r for r in results["attention"] if r["T"] == longest]
         table = markdown_table(rows, {"implementation": "implementation", "dtype": "dtype",
                                      "seconds": "seconds", "error": "error"})
     else:
@@ -159,10 +142,10 @@ def plot_attention(results: dict, ax) -> None:
     series = {}
     for row in results["attention"]:
         if row.get("seconds"):
-            series.setdefault((row["implementation"], row["dtype"]), []).append((row["L"], row["seconds"]))
+            series.setdefault((row["implementation"], row["dtype"]), []).append((row["T"], row["seconds"]))
     for (name, dtype), points in sorted(series.items()):
         points.sort()
         ax.plot([p[0] for p in points], [1e3 * p[1] for p in points], marker="o", label=f"{name} {dtype}")
-    ax.set(xscale="log", yscale="log", xlabel="sequence length L", ylabel="latency (ms)",
+    ax.set(xscale="log", yscale="log", xlabel="sequence length T = S", ylabel="latency (ms)",
            title=f"attention on {label(results)}")
     ax.legend(fontsize=8)

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 
 from jaxloops.data import Batch, epoch_batches
-from jaxloops.mlp import cross_entropy
+from jaxloops.losses import cross_entropy
 from jaxloops.train import decay_mask, make_optimizer
 
 

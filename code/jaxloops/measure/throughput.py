@@ -4,7 +4,7 @@ import jax
 
 from jaxloops.data import Batch
 from jaxloops.loop import make_epoch, python_loop, unstack
-from jaxloops.timing import time_call
+from jaxloops.measure.timing import time_call
 
 
 def random_batches(key: jax.Array, steps: int, batch_size: int, num_features: int, num_classes: int) -> Batch:

@@ -105,3 +105,9 @@ def matmul_throughput(key: jax.Array, size: int, dtype=jnp.float32, repeats: int
     matmul = jax.jit(jnp.matmul)
     seconds = time_call(matmul, a, b, repeats=repeats)
     return 2.0 * size**3 / seconds
+
+
+def allocated_bytes(tree) -> int:
+    """Bytes the device buffers of every array in `tree` really occupy."""
+    return sum(shard.data.on_device_size_in_bytes()
+               for leaf in jax.tree.leaves(tree) for shard in leaf.addressable_shards)
