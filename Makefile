@@ -20,7 +20,7 @@ MATHJAX_TMP := _build/mathjax-download
 HTML ?= _build/html
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: book test clean venv mathjax browser-test
+.PHONY: book test clean venv mathjax browser-test chapter lab lint
 
 venv: $(VENV)/.installed
 
@@ -52,13 +52,39 @@ $(MATHJAX_STAMP):
 	mv $(MATHJAX_TMP) $(MATHJAX_DIR)
 	touch $@
 
+# One worker per core: the time is mostly XLA compiling. JAX's persistent compilation cache
+# (chapter 1) keeps compiled programs in _build/jax-cache, so a second run compiles less.
 test: venv
-	$(BIN)/python -m pytest -n auto  # one worker per core: the time is mostly XLA compiling
+	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/_build/jax-cache $(BIN)/python -m pytest -n auto --durations=10
+
+# ruff, configured in pyproject.toml: lint and format check of the package, tests and scripts.
+lint: $(VENV)/.lint-installed
+	$(BIN)/ruff check code tests scripts
+	$(BIN)/ruff format --check code tests scripts
+
+$(VENV)/.lint-installed: requirements-lint.txt $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet -r requirements-lint.txt
+	touch $@
+
+# One chapter, executed in the terminal: `make chapter N=05` writes _build/chapters/05_*.ipynb.
+chapter: venv
+	@test -n "$(N)" || { echo "usage: make chapter N=05 (the number of a chapter in book/)"; exit 1; }
+	env -u MPLBACKEND $(BIN)/python scripts/run_chapter.py $(N) --out _build/chapters
+
+# JupyterLab on the project's environment: open any book/*.md as a notebook (jupytext).
+lab: $(VENV)/.lab-installed
+	$(BIN)/jupyter lab --notebook-dir=$(CURDIR)/book
+
+$(VENV)/.lab-installed: requirements-lab.txt $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet -r requirements-lab.txt
+	touch $@
 
 book: venv mathjax
-	rm -rf _build/html _build/.doctrees _build/jupyter_execute
+	rm -rf _build/html _build/.doctrees _build/jupyter_execute _build/roofline.json
 	# MPLBACKEND=Agg in the environment would stop figures from reaching the pages: unset it.
-	env -u MPLBACKEND $(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
+	# JAXLOOPS_ROOFLINE: the first chapter that needs the roofline measures it; the rest read it.
+	env -u MPLBACKEND JAXLOOPS_ROOFLINE=$(CURDIR)/_build/roofline.json \
+	  $(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 	@echo "Open _build/html/index.html in a browser."
 
 # Serves $(HTML) on localhost and drives headless Chromium over every page; also checks every

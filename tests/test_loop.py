@@ -1,4 +1,5 @@
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -33,12 +34,83 @@ def test_python_loop_logs_every_k_steps(digits, key):
         jaxloops.python_loop(step, params, optimizer.init(params), batches, log_every=0)
 
 
-def test_fit_compiles_the_epoch_once_and_learns(digits, key):
+def test_fit_compiles_once_and_a_second_call_compiles_nothing(digits, key):
     params = jaxloops.init_mlp(key, (64, 32, 10))
     optimizer = jaxloops.make_optimizer(3e-3, 1e-4)
     train_step = jaxloops.make_train_step(jaxloops.mlp_loss, optimizer)
-    with measure.count_compiles() as log:
-        params, _, history = jaxloops.fit(key, params, optimizer.init(params), train_step, digits.train, 128, 3)
-    assert log.names.count("jit(epoch)") == 1
-    assert history["loss"].shape == (3,)
-    assert history["loss"][-1] < history["loss"][0]
+    with measure.count_compiles() as first:
+        params, opt_state, history = jaxloops.fit(key, params, optimizer.init(params), train_step,
+                                                  digits.train, batch_size=128, epochs=3)
+    assert first.names.count("jit(epochs)") == 1
+    assert history.train["loss"].shape == (3,)
+    assert history.train["loss"][-1] < history.train["loss"][0]
+    with measure.count_compiles() as second:
+        jaxloops.fit(key, params, opt_state, train_step, digits.train, batch_size=128, epochs=3)
+    assert second.count == 0
+
+
+def test_fit_equals_the_step_by_step_loop(digits, key):
+    """fit's compiled epochs are the same arithmetic as jitted steps over the same batches."""
+    init = jaxloops.init_mlp(key, (64, 13, 10))
+    optimizer = jaxloops.make_optimizer(1e-2, 1e-3)
+    train_step = jaxloops.make_train_step(jaxloops.mlp_loss, optimizer)
+    data_key = jax.random.key(3)
+    params, opt_state, history = jaxloops.fit(
+        data_key, jax.tree.map(jnp.copy, init), optimizer.init(init), train_step, digits.train,
+        batch_size=100, epochs=2, epochs_per_call=1)
+    step = jax.jit(train_step)
+    ref_params, ref_state, losses = jax.tree.map(jnp.copy, init), optimizer.init(init), []
+    for epoch in range(2):
+        batches = jaxloops.epoch_batches(jax.random.fold_in(data_key, epoch), digits.train, 100)
+        for batch in jaxloops.unstack(batches):
+            ref_params, ref_state, metrics = step(ref_params, ref_state, batch)
+            losses.append(float(metrics["loss"]))
+    for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(history.train["loss"], np.mean(np.reshape(losses, (2, -1)), axis=1),
+                               rtol=1e-5)
+
+
+def test_fit_resumed_at_an_epoch_equals_the_uninterrupted_run(digits, key):
+    init = jaxloops.init_mlp(key, (64, 11, 10))
+    optimizer = jaxloops.make_optimizer(3e-3, 1e-4)
+    train_step = jaxloops.make_train_step(jaxloops.mlp_loss, optimizer)
+    fresh = lambda: (jax.tree.map(jnp.copy, init), optimizer.init(init))
+    whole, _, _ = jaxloops.fit(key, *fresh(), train_step, digits.train, batch_size=128, epochs=4,
+                               epochs_per_call=2)
+    half, state, _ = jaxloops.fit(key, *fresh(), train_step, digits.train, batch_size=128, epochs=2,
+                                  epochs_per_call=2)
+    resumed, _, _ = jaxloops.fit(key, half, state, train_step, digits.train, batch_size=128,
+                                 epochs=4, epochs_per_call=2, start_epoch=2)
+    for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(resumed)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_fit_calls_its_hook_after_each_call_and_records_what_it_returns(digits, key):
+    params = jaxloops.init_mlp(key, (64, 7, 10))
+    optimizer = jaxloops.make_optimizer(3e-3, 0.0)
+    train_step = jaxloops.make_train_step(jaxloops.mlp_loss, optimizer)
+    seen = []
+
+    def hook(epoch, params, opt_state):
+        seen.append(epoch)
+        return {"w_norm": float(jnp.linalg.norm(params["dense_0"]["w"]))} if epoch % 2 == 0 else None
+
+    _, _, history = jaxloops.fit(key, params, optimizer.init(params), train_step, digits.train,
+                                 batch_size=128, epochs=5, epochs_per_call=1, hook=hook)
+    assert seen == [1, 2, 3, 4, 5]
+    assert [epoch for epoch, _ in history.hooks] == [2, 4]
+    assert history.train["loss"].shape == (5,)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(batch_size=0, epochs=1), "batch size 0"),
+    (dict(batch_size=128, epochs=2, start_epoch=3), "start_epoch 3"),
+    (dict(batch_size=128, epochs=2, epochs_per_call=0), "epochs_per_call"),
+])
+def test_fit_rejects_bad_arguments_by_name(digits, key, kwargs, match):
+    params = jaxloops.init_mlp(key, (64, 7, 10))
+    optimizer = jaxloops.make_optimizer(3e-3, 0.0)
+    train_step = jaxloops.make_train_step(jaxloops.mlp_loss, optimizer)
+    with pytest.raises(ValueError, match=match):
+        jaxloops.fit(key, params, optimizer.init(params), train_step, digits.train, **kwargs)

@@ -26,6 +26,9 @@ from jaxloops.measure.kernels import implementation_report
 from jaxloops.measure.kernels import run_attention
 from jaxloops.measure.kernels import uses_cudnn_kernel
 from jaxloops.measure.machine import describe_backend
+from jaxloops.measure.roofline import Roofline
+from jaxloops.measure.roofline import measure_roofline
+from jaxloops.measure.roofline import roofline
 from jaxloops.measure.machine import gpu_facts
 from jaxloops.measure.machine import machine_facts
 from jaxloops.measure.machine import run_label
@@ -48,6 +51,7 @@ __all__ = (
     "implementation_report",
     "machine_facts",
     "markdown_table",
+    "measure_roofline",
     "matmul_throughput",
     "numerics_table",
     "random_batches",
@@ -55,6 +59,8 @@ __all__ = (
     "random_qkv",
     "read_bandwidth",
     "reference_attention",
+    "Roofline",
+    "roofline",
     "run_attention",
     "run_label",
     "scan_throughput",

@@ -1,0 +1,56 @@
+"""Executes one chapter of the book in the terminal and writes the executed notebook.
+
+Usage: python scripts/run_chapter.py 05 [--out _build/chapters]
+
+The chapter (book/05_*.md, MyST Markdown) is read with jupytext, executed with nbclient in
+this Python's kernel, and written as .ipynb; a failing cell stops it with the cell's error.
+"""
+
+import argparse
+import os
+import pathlib
+import sys
+import time
+
+import jupytext
+import nbclient
+import nbformat
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def find_chapter(number: str) -> pathlib.Path:
+    matches = sorted((ROOT / "book").glob(f"{number}_*.md"))
+    if len(matches) != 1:
+        names = ", ".join(p.name for p in sorted((ROOT / "book").glob("[0-9][0-9]_*.md")))
+        raise SystemExit(f"no single chapter numbered {number!r} in book/; chapters: {names}")
+    return matches[0]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("number", help="the chapter's two-digit number, e.g. 05")
+    parser.add_argument("--out", type=pathlib.Path, default=ROOT / "_build" / "chapters")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per cell")
+    args = parser.parse_args(argv)
+    source = find_chapter(args.number.zfill(2))
+    notebook = jupytext.read(source)
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    start = time.perf_counter()
+    print(f"executing {source.relative_to(ROOT)} ...", flush=True)
+    client = nbclient.NotebookClient(notebook, timeout=args.timeout, kernel_name="python3",
+                                     resources={"metadata": {"path": str(source.parent)}})
+    try:
+        client.execute(env=dict(os.environ))
+    except nbclient.exceptions.CellExecutionError as error:
+        print(error, file=sys.stderr)
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    target = args.out / (source.stem + ".ipynb")
+    nbformat.write(notebook, target)
+    print(f"done in {time.perf_counter() - start:.1f} s: {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
