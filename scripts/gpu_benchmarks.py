@@ -49,13 +49,13 @@ def main(argv=None) -> int:
     materialise = max(lengths) if args.tiny else sizes.attention.materialise_max_length
     requests = [("naive", "bfloat16"), ("xla", "bfloat16"), ("cudnn", "bfloat16"),
                 ("cudnn", "float16"), ("blockwise", "bfloat16"), ("xla", "float32")]
-    attention = sweeps.attention_sweep(
+    attention = sweeps.attention_sweep(jax.random.key(0),
         lengths, requests, batch=config["batch"], heads=config["heads"],
         head_dim=config["head_dim"], block_size=config["block_size"],
         repeats=sizes.attention.repeats, materialise_max_length=materialise)
     print(sweeps.markdown_table(attention, {"implementation": "impl", "dtype": "dtype", "T": "T = S",
                                                      "seconds": "s", "error": "error"}), flush=True)
-    causal = sweeps.causal_sweep(
+    causal = sweeps.causal_sweep(jax.random.key(0),
         lengths, ("cudnn", "xla"), dtype="bfloat16", batch=config["batch"], heads=config["heads"],
         head_dim=config["head_dim"], block_size=config["block_size"], repeats=sizes.attention.repeats,
         materialise_max_length=materialise)

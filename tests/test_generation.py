@@ -58,9 +58,9 @@ def test_prefill_then_decode_steps_give_the_full_forward_logits(params):
 
 
 def test_generation_is_deterministic_for_a_key_and_varies_across_keys(params, prompt):
-    first = generate(params, prompt, jax.random.key(0), steps=STEPS)
-    again = generate(params, prompt, jax.random.key(0), steps=STEPS)
-    other = generate(params, prompt, jax.random.key(1), steps=STEPS)
+    first = generate(jax.random.key(0), params, prompt, steps=STEPS)
+    again = generate(jax.random.key(0), params, prompt, steps=STEPS)
+    other = generate(jax.random.key(1), params, prompt, steps=STEPS)
     assert first.shape == (7, 10) and first.dtype == jnp.int32
     np.testing.assert_array_equal(first, again)
     np.testing.assert_array_equal(first[:, :5], prompt)
@@ -68,8 +68,8 @@ def test_generation_is_deterministic_for_a_key_and_varies_across_keys(params, pr
 
 
 def test_cached_and_recomputing_decoders_sample_the_same_tokens(params, prompt):
-    cached = generate(params, prompt, jax.random.key(0), steps=STEPS)
-    recomputed = generate_without_cache(params, prompt, jax.random.key(0), steps=STEPS)
+    cached = generate(jax.random.key(0), params, prompt, steps=STEPS)
+    recomputed = generate_without_cache(jax.random.key(0), params, prompt, steps=STEPS)
     np.testing.assert_array_equal(cached, recomputed)
 
 
@@ -82,6 +82,6 @@ def test_temperature_zero_is_greedy():
 
 def test_generation_longer_than_the_position_table_raises(params, prompt):
     with pytest.raises(ValueError, match=r"12 positions is longer than the position table \(11"):
-        generate(params, prompt, jax.random.key(0), steps=7)
+        generate(jax.random.key(0), params, prompt, steps=7)
     with pytest.raises(ValueError, match="steps must be >= 1"):
-        generate_without_cache(params, prompt, jax.random.key(0), steps=0)
+        generate_without_cache(jax.random.key(0), params, prompt, steps=0)

@@ -17,7 +17,7 @@ B, L, N, K, H = 2, 11, 9, 3, 5
 
 @pytest.fixture(scope="module")
 def qkv():
-    return measure.random_qkv(3, batch=B, length=L, heads=N, head_dim=H, kv_heads=K)
+    return measure.random_qkv(jax.random.key(3), batch=B, length=L, heads=N, head_dim=H, kv_heads=K)
 
 
 @pytest.fixture(scope="module")
@@ -109,9 +109,9 @@ def test_max_kv_heads_refuses_an_impossible_budget():
 
 def test_ragged_decode_equals_jax_with_sequence_lengths():
     b, s, n, k, h = 5, 11, 9, 3, 7
-    query = measure.random_qkv(4, batch=b, length=1, heads=n, head_dim=h)[0]  # (B, 1, N, H)
-    cache_key = measure.random_cache(5, b, s, k, h, jnp.float32)  # (B, K, S, H)
-    cache_value = measure.random_cache(6, b, s, k, h, jnp.float32)
+    query = measure.random_qkv(jax.random.key(4), batch=b, length=1, heads=n, head_dim=h)[0]  # (B, 1, N, H)
+    cache_key = measure.random_cache(jax.random.key(5), b, s, k, h, jnp.float32)  # (B, K, S, H)
+    cache_value = measure.random_cache(jax.random.key(6), b, s, k, h, jnp.float32)
     lengths = jnp.array([1, 11, 4, 7, 2], jnp.int32)
     got = jax.jit(ex.ragged_decode_attention)(query, cache_key, cache_value, lengths)
     want = jax.jit(jax.nn.dot_product_attention)(query, cache_key.swapaxes(1, 2),

@@ -44,7 +44,7 @@ def check_generation(params: Params, prompt, steps: int) -> tuple[int, int]:
 
 
 @functools.partial(jax.jit, static_argnames=("steps", "temperature"))
-def generate(params: Params, prompt: jax.Array, key: jax.Array, *, steps: int,
+def generate(key: jax.Array, params: Params, prompt: jax.Array, *, steps: int,
              temperature: float = 1.0) -> jax.Array:
     """Prompt (B, P) followed by `steps` sampled tokens: (B, P + steps), using a KV cache.
 
@@ -74,7 +74,7 @@ def generate(params: Params, prompt: jax.Array, key: jax.Array, *, steps: int,
 
 
 @functools.partial(jax.jit, static_argnames=("steps", "temperature"))
-def generate_without_cache(params: Params, prompt: jax.Array, key: jax.Array, *, steps: int,
+def generate_without_cache(key: jax.Array, params: Params, prompt: jax.Array, *, steps: int,
                            temperature: float = 1.0) -> jax.Array:
     """Same tokens as `generate`, but every step runs the full forward pass again.
 

@@ -44,23 +44,22 @@ def reference_attention(query, key, value, *, is_causal: bool = False) -> np.nda
     return out.reshape(B, T, N, H)
 
 
-def random_qkv(seed: int, *, batch: int, length: int, heads: int, head_dim: int,
+def random_qkv(key: jax.Array, *, batch: int, length: int, heads: int, head_dim: int,
                kv_heads: int | None = None, dtype="float32"):
     """Standard-normal query (B, L, N, H) and key/value (B, L, K, H) in `dtype`.
 
-    Drawn with NumPy from `seed`: jax.random would compile a new sampler for every shape
+    Drawn with NumPy seeded from `key`: jax.random would compile a new sampler for every shape
     of the sweep, which on a CPU costs more than some of the attention calls it feeds.
     """
     kv_heads = heads if kv_heads is None else kv_heads
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(np.asarray(jax.random.key_data(key)))
     draw = lambda n: jnp.asarray(rng.standard_normal((batch, length, n, head_dim), np.float32),
                                  dtype)
     return draw(heads), draw(kv_heads), draw(kv_heads)
 
 
-def attention_sweep(lengths, requests, *, batch: int, heads: int, head_dim: int,
-                    block_size: int, repeats: int, materialise_max_length: int,
-                    seed: int = 0) -> list[dict]:
+def attention_sweep(key: jax.Array, lengths, requests, *, batch: int, heads: int, head_dim: int,
+                    block_size: int, repeats: int, materialise_max_length: int) -> list[dict]:
     """Temporary bytes, FLOPs and median latency of each request at each L.
 
     Args:
@@ -79,7 +78,7 @@ def attention_sweep(lengths, requests, *, batch: int, heads: int, head_dim: int,
         for name, dtype, *causal in requests:
             is_causal = bool(causal and causal[0])
             if dtype not in qkv:
-                qkv[dtype] = random_qkv(seed, batch=batch, length=length,
+                qkv[dtype] = random_qkv(key, batch=batch, length=length,
                                         heads=heads, head_dim=head_dim, dtype=dtype)
             args = qkv[dtype]
             row = {"implementation": name, "dtype": dtype, "T": int(length),
@@ -108,15 +107,15 @@ def attention_sweep(lengths, requests, *, batch: int, heads: int, head_dim: int,
     return rows
 
 
-def numerics_table(implementations, dtypes, *, batch: int, length: int, heads: int,
-                   head_dim: int, block_size: int, seed: int = 0) -> list[dict]:
+def numerics_table(key: jax.Array, implementations, dtypes, *, batch: int, length: int, heads: int,
+                   head_dim: int, block_size: int) -> list[dict]:
     """Error of each implementation in each dtype against a float64 reference.
 
     The reference sees the same (rounded) inputs, so the error is the computation's alone.
     """
     rows = []
     for dtype in dtypes:
-        query, key, value = random_qkv(seed, batch=batch, length=length,
+        query, key, value = random_qkv(key, batch=batch, length=length,
                                        heads=heads, head_dim=head_dim, dtype=dtype)
         expected = reference_attention(query, key, value)
         for name in implementations:
@@ -131,15 +130,14 @@ def numerics_table(implementations, dtypes, *, batch: int, length: int, heads: i
     return rows
 
 
-def causal_sweep(lengths, implementations, *, dtype, batch: int, heads: int, head_dim: int,
-                 block_size: int, repeats: int, materialise_max_length: int,
-                 seed: int = 0) -> list[dict]:
+def causal_sweep(key: jax.Array, lengths, implementations, *, dtype, batch: int, heads: int, head_dim: int,
+                 block_size: int, repeats: int, materialise_max_length: int) -> list[dict]:
     """Full vs causal latency of each implementation at each L, and the speedup."""
     requests = [(name, dtype, is_causal) for name in implementations
                 for is_causal in (False, True)]
-    sweep = attention_sweep(lengths, requests, batch=batch, heads=heads, head_dim=head_dim,
+    sweep = attention_sweep(key, lengths, requests, batch=batch, heads=heads, head_dim=head_dim,
                             block_size=block_size, repeats=repeats,
-                            materialise_max_length=materialise_max_length, seed=seed)
+                            materialise_max_length=materialise_max_length)
     rows = []
     for full, causal in zip(sweep[0::2], sweep[1::2]):
         ran = full["seconds"] is not None and causal["seconds"] is not None
@@ -153,17 +151,17 @@ def causal_sweep(lengths, implementations, *, dtype, batch: int, heads: int, hea
     return rows
 
 
-def random_cache(seed: int, batch: int, length: int, kv_heads: int, head_dim: int, dtype):
+def random_cache(key: jax.Array, batch: int, length: int, kv_heads: int, head_dim: int, dtype):
     """A heads-major (B, K, S, H) cache of random values: 256 random slots, tiled."""
     slots = min(length, 256)
-    tile = np.random.default_rng(seed).standard_normal((batch, kv_heads, slots, head_dim),
+    tile = np.random.default_rng(np.asarray(jax.random.key_data(key))).standard_normal((batch, kv_heads, slots, head_dim),
                                                        np.float32)
     repeats = -(-length // slots)
     return jnp.tile(jnp.asarray(tile, dtype), (1, 1, repeats, 1))[:, :, :length]  # (B, K, S, H)
 
 
-def decode_sweep(cache_lengths, kv_heads, *, batch: int, heads: int, head_dim: int,
-                 dtype, repeats: int, seed: int = 0) -> list[dict]:
+def decode_sweep(key: jax.Array, cache_lengths, kv_heads, *, batch: int, heads: int, head_dim: int,
+                 dtype, repeats: int) -> list[dict]:
     """Latency of one decode step (T = 1 against S cached tokens) for each K and S.
 
     At each S the timed calls of the K values alternate (after one warm-up each).
@@ -174,11 +172,11 @@ def decode_sweep(cache_lengths, kv_heads, *, batch: int, heads: int, head_dim: i
     """
     rows = []
     step = jax.jit(decode_attention)
-    query = random_qkv(seed, batch=batch, length=1, heads=heads, head_dim=head_dim,
+    query = random_qkv(key, batch=batch, length=1, heads=heads, head_dim=head_dim,
                        dtype=dtype)[0]  # (B, 1, N, H)
     for length in cache_lengths:
-        caches = {kv: (random_cache(seed + 1, batch, length, kv, head_dim, dtype),
-                       random_cache(seed + 2, batch, length, kv, head_dim, dtype))
+        caches = {kv: (random_cache(jax.random.fold_in(key, 1), batch, length, kv, head_dim, dtype),
+                       random_cache(jax.random.fold_in(key, 2), batch, length, kv, head_dim, dtype))
                   for kv in kv_heads}  # (B, K, S, H) each
         seconds = {kv: [] for kv in kv_heads}
         for kv, cache in caches.items():
