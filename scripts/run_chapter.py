@@ -28,18 +28,28 @@ def find_chapter(number: str) -> pathlib.Path:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("number", help="the chapter's two-digit number, e.g. 05")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "_build" / "chapters")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per cell")
     args = parser.parse_args(argv)
     source = find_chapter(args.number.zfill(2))
     notebook = jupytext.read(source)
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    notebook.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     start = time.perf_counter()
     print(f"executing {source.relative_to(ROOT)} ...", flush=True)
-    client = nbclient.NotebookClient(notebook, timeout=args.timeout, kernel_name="python3",
-                                     resources={"metadata": {"path": str(source.parent)}})
+    client = nbclient.NotebookClient(
+        notebook,
+        timeout=args.timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(source.parent)}},
+    )
     try:
         client.execute(env=dict(os.environ))
     except nbclient.exceptions.CellExecutionError as error:

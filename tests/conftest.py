@@ -16,7 +16,9 @@ import jaxloops
 def digits():
     """The digits split, on the device."""
     split = jaxloops.load_digits_split(seed=0)
-    return jaxloops.Split(jaxloops.to_device(split.train, 64, 10), jaxloops.to_device(split.test, 64, 10))
+    return jaxloops.Split(
+        jaxloops.to_device(split.train, 64, 10), jaxloops.to_device(split.test, 64, 10)
+    )
 
 
 @pytest.fixture

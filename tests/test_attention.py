@@ -17,17 +17,24 @@ def normal(shape, seed=0, dtype=np.float32):
 
 
 def qkv(kv_heads, t=T, s=S, dtype=np.float32):
-    return (normal((B, t, N, H), 1, dtype), normal((B, s, kv_heads, H), 2, dtype),
-            normal((B, s, kv_heads, H), 3, dtype))
+    return (
+        normal((B, t, N, H), 1, dtype),
+        normal((B, s, kv_heads, H), 2, dtype),
+        normal((B, s, kv_heads, H), 3, dtype),
+    )
 
 
 @pytest.mark.parametrize("kv_heads", [6, 3, 1], ids=["MHA", "GQA", "MQA"])
 def test_naive_equals_jax_full_and_causal(kv_heads):
     @jax.jit  # one program for all four outputs: one compile instead of four
     def pairs(query, key, value):
-        return [(jaxloops.attention(query, key, value, is_causal=causal),
-                 jax.nn.dot_product_attention(query, key, value, is_causal=causal))
-                for causal in (False, True)]
+        return [
+            (
+                jaxloops.attention(query, key, value, is_causal=causal),
+                jax.nn.dot_product_attention(query, key, value, is_causal=causal),
+            )
+            for causal in (False, True)
+        ]
 
     for got, expected in pairs(*qkv(kv_heads)):
         np.testing.assert_allclose(got, expected, atol=2e-6)
@@ -39,9 +46,13 @@ def test_boolean_masks_equal_jax():
 
     @jax.jit
     def pairs(query, key, value):
-        return [(jaxloops.attention(query, key, value, mask=mask),
-                 jax.nn.dot_product_attention(query, key, value, mask=mask))
-                for mask in (full_mask, key_mask)]
+        return [
+            (
+                jaxloops.attention(query, key, value, mask=mask),
+                jax.nn.dot_product_attention(query, key, value, mask=mask),
+            )
+            for mask in (full_mask, key_mask)
+        ]
 
     for got, expected in pairs(*qkv(3)):
         np.testing.assert_allclose(got, expected, atol=2e-6)
@@ -51,9 +62,11 @@ def test_bfloat16_matches_jax():
     query, key, value = qkv(3, dtype=jnp.bfloat16)
     got = jaxloops.attention(query, key, value)
     assert got.dtype == jnp.bfloat16
-    np.testing.assert_allclose(np.asarray(got, np.float32),
-                               np.asarray(library_attention(query, key, value), np.float32),
-                               atol=1e-2)
+    np.testing.assert_allclose(
+        np.asarray(got, np.float32),
+        np.asarray(library_attention(query, key, value), np.float32),
+        atol=1e-2,
+    )
 
 
 def test_gqa_with_k_equal_n_is_mha():
@@ -70,8 +83,11 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
     query, key, value = qkv(2)
     # (B, S, N, H): query head n reads key/value head n // G, G = 3
     repeat = lambda x: np.repeat(x, N // 2, axis=2)
-    np.testing.assert_allclose(jaxloops.attention(query, key, value),
-                               jaxloops.attention(query, repeat(key), repeat(value)), atol=2e-6)
+    np.testing.assert_allclose(
+        jaxloops.attention(query, key, value),
+        jaxloops.attention(query, repeat(key), repeat(value)),
+        atol=2e-6,
+    )
 
 
 def test_output_shape_is_the_same_for_mha_gqa_mqa():
@@ -84,20 +100,26 @@ def test_causal_output_ignores_the_future():
     query, key, value = qkv(3, s=T)
     t = 4
     later = normal((B, T - t - 1, 3, H), 6)
-    change = lambda x, new: np.concatenate([x[:, :t + 1], new], axis=1)
+    change = lambda x, new: np.concatenate([x[:, : t + 1], new], axis=1)
     before = np.asarray(jaxloops.attention(query, key, value, is_causal=True))
-    after = np.asarray(jaxloops.attention(change(query, 0 * query[:, t + 1:]),
-                                          change(key, later), change(value, 2 * later),
-                                          is_causal=True))
-    np.testing.assert_array_equal(after[:, :t + 1], before[:, :t + 1])
-    assert np.abs(after[:, t + 1:] - before[:, t + 1:]).max() > 0.1
+    after = np.asarray(
+        jaxloops.attention(
+            change(query, 0 * query[:, t + 1 :]),
+            change(key, later),
+            change(value, 2 * later),
+            is_causal=True,
+        )
+    )
+    np.testing.assert_array_equal(after[:, : t + 1], before[:, : t + 1])
+    assert np.abs(after[:, t + 1 :] - before[:, t + 1 :]).max() > 0.1
 
 
 def test_is_causal_is_the_top_left_mask():
     query, key, value = qkv(3)
     explicit = jaxloops.attention(query, key, value, mask=np.tril(np.ones((T, S), bool)))
-    np.testing.assert_allclose(jaxloops.attention(query, key, value, is_causal=True), explicit,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        jaxloops.attention(query, key, value, is_causal=True), explicit, atol=1e-6
+    )
 
 
 def test_causal_mask_offset_aligns_bottom_right():
@@ -106,13 +128,19 @@ def test_causal_mask_offset_aligns_bottom_right():
     np.testing.assert_array_equal(np.asarray(jaxloops.causal_mask(3, 7)).sum(axis=1), [1, 2, 3])
 
 
-@pytest.mark.parametrize("shapes, message", [
-    (((B, T, N, H), (B, S, 4, H), (B, S, 4, H)), r"6 heads, key/value has 4.*\(3, 11, 4, 5\)"),
-    (((B, T, N, H), (B, S, 3, 7), (B, S, 3, 7)), r"head dim 5 != key/value head dim 7"),
-    (((T, N, H), (B, S, 3, H), (B, S, 3, H)), r"query must have rank 4.*\(7, 6, 5\)"),
-    (((B, T, N, H), (5, S, 3, H), (5, S, 3, H)), r"batch 3, key/value have batch 5"),
-    (((B, T, N, H), (B, S, 3, H), (B, 13, 3, H)), r"key \(3, 11, 3, 5\), value \(3, 13, 3, 5\)"),
-])
+@pytest.mark.parametrize(
+    "shapes, message",
+    [
+        (((B, T, N, H), (B, S, 4, H), (B, S, 4, H)), r"6 heads, key/value has 4.*\(3, 11, 4, 5\)"),
+        (((B, T, N, H), (B, S, 3, 7), (B, S, 3, 7)), r"head dim 5 != key/value head dim 7"),
+        (((T, N, H), (B, S, 3, H), (B, S, 3, H)), r"query must have rank 4.*\(7, 6, 5\)"),
+        (((B, T, N, H), (5, S, 3, H), (5, S, 3, H)), r"batch 3, key/value have batch 5"),
+        (
+            ((B, T, N, H), (B, S, 3, H), (B, 13, 3, H)),
+            r"key \(3, 11, 3, 5\), value \(3, 13, 3, 5\)",
+        ),
+    ],
+)
 def test_bad_shapes_raise_naming_them(shapes, message):
     query, key, value = (np.zeros(s, np.float32) for s in shapes)
     with pytest.raises(ValueError, match=message):

@@ -16,14 +16,22 @@ def test_sizes_of_every_backend_are_consistent(backend):
     assert 0 < loop.batch_size <= 1347  # the digits training split has 1347 examples
     assert list(attn.lengths) == sorted(attn.lengths)
     assert attn.materialise_max_length <= max(attn.lengths)
-    assert all(length % attn.block_size == 0 for length in attn.lengths if length >= attn.block_size)
+    assert all(
+        length % attn.block_size == 0 for length in attn.lengths if length >= attn.block_size
+    )
     assert set(attn.causal_lengths) <= set(attn.lengths) | set(attn.causal_lengths)
     assert attn.heads >= 1 and attn.head_dim >= 1 and attn.repeats >= 1
     assert lm.steps % lm.eval_every == 0
     # The language model's sizes must build a config (divisibility of D by N, N by K).
-    config = jaxloops.TransformerConfig(vocab_size=97, num_layers=lm.layers, model_dim=lm.model_dim,
-                                        num_heads=lm.heads, num_kv_heads=lm.kv_heads,
-                                        hidden_dim=lm.hidden_dim, max_len=lm.seq_len)
+    config = jaxloops.TransformerConfig(
+        vocab_size=97,
+        num_layers=lm.layers,
+        model_dim=lm.model_dim,
+        num_heads=lm.heads,
+        num_kv_heads=lm.kv_heads,
+        hidden_dim=lm.hidden_dim,
+        max_len=lm.seq_len,
+    )
     assert config.head_dim * lm.heads == lm.model_dim
 
 

@@ -23,8 +23,11 @@ def _top_level_names(path: pathlib.Path) -> set[str]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
             if isinstance(node, ast.ClassDef):
-                names |= {f"{node.name}.{item.name}" for item in node.body
-                          if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))}
+                names |= {
+                    f"{node.name}.{item.name}"
+                    for item in node.body
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                }
     return names
 
 
@@ -37,17 +40,24 @@ def test_every_numbered_chapter_includes_listings_from_the_package():
     assert numbered and numbered <= chapters
 
 
-@pytest.mark.parametrize("chapter,path,options", INCLUDES, ids=[f"{c}:{o.get('pyobject')}" for c, _, o in INCLUDES])
+@pytest.mark.parametrize(
+    "chapter,path,options", INCLUDES, ids=[f"{c}:{o.get('pyobject')}" for c, _, o in INCLUDES]
+)
 def test_each_listing_names_an_existing_object_by_pyobject(chapter, path, options):
     source = (BOOK / path).resolve()
     assert source.is_file(), f"{chapter} includes {path}, which does not exist"
-    assert "lines" not in options, f"{chapter} includes {path} by :lines:, which drifts; use :pyobject:"
+    assert "lines" not in options, (
+        f"{chapter} includes {path} by :lines:, which drifts; use :pyobject:"
+    )
     assert "pyobject" in options, f"{chapter} includes {path} without :pyobject:"
     assert options["pyobject"] in _top_level_names(source), (
-        f"{chapter} includes {options['pyobject']!r} from {path}, which defines no such object")
+        f"{chapter} includes {options['pyobject']!r} from {path}, which defines no such object"
+    )
 
 
 def test_a_missing_object_would_be_caught(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("def present():\n    pass\n\nclass Box:\n    def method(self):\n        pass\n")
+    module.write_text(
+        "def present():\n    pass\n\nclass Box:\n    def method(self):\n        pass\n"
+    )
     assert _top_level_names(module) == {"present", "Box", "Box.method"}

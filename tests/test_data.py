@@ -1,5 +1,4 @@
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -14,7 +13,9 @@ def test_split_is_stratified_and_normalised_with_train_statistics_only():
     assert x_train.shape[1] == x_test.shape[1] == 64
     assert x_train.shape[0] + x_test.shape[0] == 1797
     # Every class keeps (nearly) the same share in both parts.
-    np.testing.assert_allclose(np.bincount(y_train) / len(y_train), np.bincount(y_test) / len(y_test), atol=0.01)
+    np.testing.assert_allclose(
+        np.bincount(y_train) / len(y_train), np.bincount(y_test) / len(y_test), atol=0.01
+    )
     # Train features are centred; test features are not exactly (other statistics).
     np.testing.assert_allclose(x_train.mean(axis=0), 0.0, atol=1e-5)
     assert np.abs(x_test.mean(axis=0)).max() > 1e-3

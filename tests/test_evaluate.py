@@ -1,5 +1,4 @@
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from sklearn.metrics import confusion_matrix as sk_confusion_matrix
@@ -30,7 +29,9 @@ def test_evaluate_ignores_padding_and_matches_sklearn(digits, key):
     predictions, counts = jaxloops.evaluate(jaxloops.mlp_logits, params, batches, 10)
     direct = np.asarray(jaxloops.mlp_logits(params, digits.test.x).argmax(-1))
     assert int(counts.sum()) == digits.test.x.shape[0]
-    np.testing.assert_array_equal(counts, sk_confusion_matrix(digits.test.y, direct, labels=range(10)))
+    np.testing.assert_array_equal(
+        counts, sk_confusion_matrix(digits.test.y, direct, labels=range(10))
+    )
     np.testing.assert_array_equal(np.asarray(predictions)[np.asarray(batches.mask)], direct)
 
 

@@ -5,13 +5,24 @@ import pytest
 
 from jaxloops.generation import generate, generate_without_cache, init_cache, sample_token
 from jaxloops.kvcache import kv_cache_bytes
-from jaxloops.transformer import TransformerConfig, cached_logits, init_transformer
-from jaxloops.transformer import transformer_logits
+from jaxloops.transformer import (
+    TransformerConfig,
+    cached_logits,
+    init_transformer,
+    transformer_logits,
+)
 
 # The config of test_transformer (one compile of init for both): V 13, L 2, D 30, N 10,
 # K 5 (G = 2), H 3, F 21, max_len 11; prompts B 7, P 5.
-CONFIG = TransformerConfig(vocab_size=13, num_layers=2, model_dim=30, num_heads=10,
-                           num_kv_heads=5, hidden_dim=21, max_len=11)
+CONFIG = TransformerConfig(
+    vocab_size=13,
+    num_layers=2,
+    model_dim=30,
+    num_heads=10,
+    num_kv_heads=5,
+    hidden_dim=21,
+    max_len=11,
+)
 STEPS = 5  # P + STEPS = 10 < max_len
 
 
@@ -31,8 +42,9 @@ def test_cache_has_one_key_and_value_per_layer_of_the_formulas_size(params):
     assert sorted(cache) == ["block_0", "block_1"]
     assert cache["block_1"]["key"].shape == (7, 15, 5, 3)  # (B, S, K, H)
     nbytes = sum(leaf.nbytes for leaf in jax.tree.leaves(cache))
-    assert nbytes == kv_cache_bytes(layers=2, kv_heads=5, head_dim=3, length=15, batch=7,
-                                    bytes_per_element=4)
+    assert nbytes == kv_cache_bytes(
+        layers=2, kv_heads=5, head_dim=3, length=15, batch=7, bytes_per_element=4
+    )
 
 
 def test_prefill_then_decode_steps_give_the_full_forward_logits(params):

@@ -9,7 +9,9 @@ import jaxloops
 def _problem(key):
     init_key, x_key, y_key = jax.random.split(key, 3)
     params = jaxloops.init_mlp(init_key, (5, 7, 3))
-    batch = jaxloops.Batch(jax.random.normal(x_key, (11, 5)), jax.random.randint(y_key, (11,), 0, 3))
+    batch = jaxloops.Batch(
+        jax.random.normal(x_key, (11, 5)), jax.random.randint(y_key, (11,), 0, 3)
+    )
     return params, batch
 
 
@@ -28,7 +30,9 @@ def test_hand_written_sgd_equals_optax_sgd(key):
     sgd = optax.sgd(0.3)
     updates, _ = sgd.update(grads, sgd.init(params), params)
     by_optax = optax.apply_updates(params, updates)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), by_hand, by_optax)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), by_hand, by_optax
+    )
     # And it really moved the parameters.
     assert not np.allclose(by_hand["dense_0"]["w"], params["dense_0"]["w"])
 
@@ -40,7 +44,11 @@ def test_finite_differences_agree_with_autodiff(key):
         batch64 = jaxloops.Batch(jnp.asarray(batch.x, jnp.float64), batch.y)
         loss = jax.jit(lambda p: jaxloops.mlp_loss(p, batch64)[0])
         grads = jax.grad(loss)(params64)
-        for path, index in [(("dense_0", "w"), (3, 5)), (("dense_1", "b"), (2,)), (("dense_1", "w"), (6, 0))]:
+        for path, index in [
+            (("dense_0", "w"), (3, 5)),
+            (("dense_1", "b"), (2,)),
+            (("dense_1", "w"), (6, 0)),
+        ]:
             numeric = jaxloops.finite_difference(loss, params64, path, index, eps=1e-5)
             analytic = float(grads[path[0]][path[1]][index])
             np.testing.assert_allclose(numeric, analytic, rtol=1e-5, atol=1e-8)

@@ -14,17 +14,27 @@ def normal(shape, seed=0):
 
 def test_llama2_7b_cache_is_two_gib_at_4096_tokens():
     # 2 * 32 layers * 32 heads * 128 * 4096 tokens * 2 bytes
-    assert jaxloops.kv_cache_bytes(layers=32, kv_heads=32, head_dim=128, length=4096,
-                                   batch=1, bytes_per_element=2) == 2 * 2**30
+    assert (
+        jaxloops.kv_cache_bytes(
+            layers=32, kv_heads=32, head_dim=128, length=4096, batch=1, bytes_per_element=2
+        )
+        == 2 * 2**30
+    )
 
 
-@pytest.mark.parametrize("kv_heads, dtype", [(7, jnp.float32), (3, jnp.bfloat16),
-                                             (1, jnp.float16)])
+@pytest.mark.parametrize("kv_heads, dtype", [(7, jnp.float32), (3, jnp.bfloat16), (1, jnp.float16)])
 def test_allocated_cache_bytes_equal_the_formula(kv_heads, dtype):
-    cache = jaxloops.init_kv_cache(layers=3, batch=5, length=11, kv_heads=kv_heads, head_dim=9,
-                                   dtype=dtype)
-    expected = jaxloops.kv_cache_bytes(layers=3, kv_heads=kv_heads, head_dim=9, length=11,
-                                       batch=5, bytes_per_element=jnp.dtype(dtype).itemsize)
+    cache = jaxloops.init_kv_cache(
+        layers=3, batch=5, length=11, kv_heads=kv_heads, head_dim=9, dtype=dtype
+    )
+    expected = jaxloops.kv_cache_bytes(
+        layers=3,
+        kv_heads=kv_heads,
+        head_dim=9,
+        length=11,
+        batch=5,
+        bytes_per_element=jnp.dtype(dtype).itemsize,
+    )
     assert cache["key"].shape == (3, 5, kv_heads, 11, 9)  # (L, B, K, S, H)
     assert measure.allocated_bytes(cache) == expected
 
@@ -45,8 +55,9 @@ def test_decoding_token_by_token_equals_causal_attention(kv_heads):
     step = jax.jit(jaxloops.decode_step)
     outputs = []
     for t in range(length):
-        out, cache_key, cache_value = step(query[:, t:t + 1], key_[:, t:t + 1],
-                                           value[:, t:t + 1], cache_key, cache_value, t)
+        out, cache_key, cache_value = step(
+            query[:, t : t + 1], key_[:, t : t + 1], value[:, t : t + 1], cache_key, cache_value, t
+        )
         outputs.append(out)
     expected = jaxloops.attention(query, key_, value, is_causal=True)
     np.testing.assert_allclose(np.concatenate(outputs, axis=1), expected, atol=2e-6)
@@ -55,12 +66,19 @@ def test_decoding_token_by_token_equals_causal_attention(kv_heads):
 def test_decode_step_rejects_a_mismatched_token():
     cache_key = np.zeros((3, 2, 11, 5), np.float32)  # (B, K, S, H)
     with pytest.raises(ValueError, match=r"\(B, 1, K, H\) = \(3, 1, 2, 5\)"):
-        jaxloops.decode_step(np.zeros((3, 1, 6, 5)), np.zeros((3, 1, 3, 5)),
-                             np.zeros((3, 1, 3, 5)), cache_key, cache_key, 0)
+        jaxloops.decode_step(
+            np.zeros((3, 1, 6, 5)),
+            np.zeros((3, 1, 3, 5)),
+            np.zeros((3, 1, 3, 5)),
+            cache_key,
+            cache_key,
+            0,
+        )
 
 
 def test_decode_attention_rejects_a_cache_that_does_not_fit():
     message = r"query \(3, 1, 6, 5\) .* does not fit cache \(3, 4, 11, 5\)"
     with pytest.raises(ValueError, match=message):
-        jaxloops.decode_attention(np.zeros((3, 1, 6, 5)), np.zeros((3, 4, 11, 5)),
-                                  np.zeros((3, 4, 11, 5)), 4)
+        jaxloops.decode_attention(
+            np.zeros((3, 1, 6, 5)), np.zeros((3, 4, 11, 5)), np.zeros((3, 4, 11, 5)), 4
+        )

@@ -13,11 +13,15 @@ def test_scan_epoch_equals_the_step_by_step_loop(digits, key):
     train_step = jaxloops.make_train_step(jaxloops.mlp_loss, optimizer)
     batches = jaxloops.epoch_batches(key, digits.train, 101)
 
-    scanned, _, metrics = jax.jit(jaxloops.make_epoch(train_step))(params, optimizer.init(params), batches)
+    scanned, _, metrics = jax.jit(jaxloops.make_epoch(train_step))(
+        params, optimizer.init(params), batches
+    )
     stepped, _, logged = jaxloops.python_loop(
         jax.jit(train_step), params, optimizer.init(params), jaxloops.unstack(batches), log_every=1
     )
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5), scanned, stepped)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5), scanned, stepped
+    )
     np.testing.assert_allclose(metrics["loss"], logged, rtol=2e-4)
     assert metrics["loss"].shape == (batches.x.shape[0],)
 
@@ -39,8 +43,9 @@ def test_fit_compiles_once_and_a_second_call_compiles_nothing(digits, key):
     optimizer = jaxloops.make_optimizer(3e-3, 1e-4)
     train_step = jaxloops.make_train_step(jaxloops.mlp_loss, optimizer)
     with measure.count_compiles() as first:
-        params, opt_state, history = jaxloops.fit(key, params, optimizer.init(params), train_step,
-                                                  digits.train, batch_size=128, epochs=3)
+        params, opt_state, history = jaxloops.fit(
+            key, params, optimizer.init(params), train_step, digits.train, batch_size=128, epochs=3
+        )
     assert first.names.count("jit(epochs)") == 1
     assert history.train["loss"].shape == (3,)
     assert history.train["loss"][-1] < history.train["loss"][0]
@@ -56,8 +61,15 @@ def test_fit_equals_the_step_by_step_loop(digits, key):
     train_step = jaxloops.make_train_step(jaxloops.mlp_loss, optimizer)
     data_key = jax.random.key(3)
     params, opt_state, history = jaxloops.fit(
-        data_key, jax.tree.map(jnp.copy, init), optimizer.init(init), train_step, digits.train,
-        batch_size=100, epochs=2, epochs_per_call=1)
+        data_key,
+        jax.tree.map(jnp.copy, init),
+        optimizer.init(init),
+        train_step,
+        digits.train,
+        batch_size=100,
+        epochs=2,
+        epochs_per_call=1,
+    )
     step = jax.jit(train_step)
     ref_params, ref_state, losses = jax.tree.map(jnp.copy, init), optimizer.init(init), []
     for epoch in range(2):
@@ -67,8 +79,9 @@ def test_fit_equals_the_step_by_step_loop(digits, key):
             losses.append(float(metrics["loss"]))
     for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
-    np.testing.assert_allclose(history.train["loss"], np.mean(np.reshape(losses, (2, -1)), axis=1),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        history.train["loss"], np.mean(np.reshape(losses, (2, -1)), axis=1), rtol=1e-5
+    )
 
 
 def test_fit_resumed_at_an_epoch_equals_the_uninterrupted_run(digits, key):
@@ -76,12 +89,23 @@ def test_fit_resumed_at_an_epoch_equals_the_uninterrupted_run(digits, key):
     optimizer = jaxloops.make_optimizer(3e-3, 1e-4)
     train_step = jaxloops.make_train_step(jaxloops.mlp_loss, optimizer)
     fresh = lambda: (jax.tree.map(jnp.copy, init), optimizer.init(init))
-    whole, _, _ = jaxloops.fit(key, *fresh(), train_step, digits.train, batch_size=128, epochs=4,
-                               epochs_per_call=2)
-    half, state, _ = jaxloops.fit(key, *fresh(), train_step, digits.train, batch_size=128, epochs=2,
-                                  epochs_per_call=2)
-    resumed, _, _ = jaxloops.fit(key, half, state, train_step, digits.train, batch_size=128,
-                                 epochs=4, epochs_per_call=2, start_epoch=2)
+    whole, _, _ = jaxloops.fit(
+        key, *fresh(), train_step, digits.train, batch_size=128, epochs=4, epochs_per_call=2
+    )
+    half, state, _ = jaxloops.fit(
+        key, *fresh(), train_step, digits.train, batch_size=128, epochs=2, epochs_per_call=2
+    )
+    resumed, _, _ = jaxloops.fit(
+        key,
+        half,
+        state,
+        train_step,
+        digits.train,
+        batch_size=128,
+        epochs=4,
+        epochs_per_call=2,
+        start_epoch=2,
+    )
     for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(resumed)):
         np.testing.assert_array_equal(a, b)
 
@@ -94,20 +118,34 @@ def test_fit_calls_its_hook_after_each_call_and_records_what_it_returns(digits, 
 
     def hook(epoch, params, opt_state):
         seen.append(epoch)
-        return {"w_norm": float(jnp.linalg.norm(params["dense_0"]["w"]))} if epoch % 2 == 0 else None
+        return (
+            {"w_norm": float(jnp.linalg.norm(params["dense_0"]["w"]))} if epoch % 2 == 0 else None
+        )
 
-    _, _, history = jaxloops.fit(key, params, optimizer.init(params), train_step, digits.train,
-                                 batch_size=128, epochs=5, epochs_per_call=1, hook=hook)
+    _, _, history = jaxloops.fit(
+        key,
+        params,
+        optimizer.init(params),
+        train_step,
+        digits.train,
+        batch_size=128,
+        epochs=5,
+        epochs_per_call=1,
+        hook=hook,
+    )
     assert seen == [1, 2, 3, 4, 5]
     assert [epoch for epoch, _ in history.hooks] == [2, 4]
     assert history.train["loss"].shape == (5,)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(batch_size=0, epochs=1), "batch size 0"),
-    (dict(batch_size=128, epochs=2, start_epoch=3), "start_epoch 3"),
-    (dict(batch_size=128, epochs=2, epochs_per_call=0), "epochs_per_call"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(batch_size=0, epochs=1), "batch size 0"),
+        (dict(batch_size=128, epochs=2, start_epoch=3), "start_epoch 3"),
+        (dict(batch_size=128, epochs=2, epochs_per_call=0), "epochs_per_call"),
+    ],
+)
 def test_fit_rejects_bad_arguments_by_name(digits, key, kwargs, match):
     params = jaxloops.init_mlp(key, (64, 7, 10))
     optimizer = jaxloops.make_optimizer(3e-3, 0.0)

@@ -38,7 +38,11 @@ def test_sidebars_and_plot_show_the_recorded_rows():
     assert "| 128 | 9e+03 | 22 % |" in gpu_report.sidebar(results, "mlp")
     fig, ax = plt.subplots()
     gpu_report.plot_attention(results, ax)
-    assert sorted(line.get_label() for line in ax.get_lines()) == ["cudnn bfloat16", "naive bfloat16", "xla bfloat16"]
+    assert sorted(line.get_label() for line in ax.get_lines()) == [
+        "cudnn bfloat16",
+        "naive bfloat16",
+        "xla bfloat16",
+    ]
     plt.close(fig)
 
 
@@ -61,5 +65,11 @@ def test_bad_results_files_are_refused_with_what_is_wrong(tmp_path):
 
 
 def test_attention_flops_formula():
-    assert gpu_report.attention_flops(batch=3, heads=5, length=7, head_dim=11, is_causal=False) == 4 * 3 * 5 * 7 * 7 * 11
-    assert gpu_report.attention_flops(batch=3, heads=5, length=7, head_dim=11, is_causal=True) == 2 * 3 * 5 * 7 * 7 * 11
+    assert (
+        gpu_report.attention_flops(batch=3, heads=5, length=7, head_dim=11, is_causal=False)
+        == 4 * 3 * 5 * 7 * 7 * 11
+    )
+    assert (
+        gpu_report.attention_flops(batch=3, heads=5, length=7, head_dim=11, is_causal=True)
+        == 2 * 3 * 5 * 7 * 7 * 11
+    )

@@ -3,7 +3,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jaxloops
 from jaxloops import measure
 
 ON_GPU = jax.default_backend() == "gpu"

@@ -97,8 +97,9 @@ def test_max_kv_heads_fits_and_the_next_divisor_does_not(heads, budget_k):
 
 
 def test_max_kv_heads_for_llama_2_7b_in_16_gib():
-    k = ex.max_kv_heads(16 * 2**30, layers=32, heads=32, head_dim=128, length=8192, batch=16,
-                        bytes_per_element=2)
+    k = ex.max_kv_heads(
+        16 * 2**30, layers=32, heads=32, head_dim=128, length=8192, batch=16, bytes_per_element=2
+    )
     assert k == 8  # 2 GiB per key/value head
 
 
@@ -109,14 +110,16 @@ def test_max_kv_heads_refuses_an_impossible_budget():
 
 def test_ragged_decode_equals_jax_with_sequence_lengths():
     b, s, n, k, h = 5, 11, 9, 3, 7
-    query = measure.random_qkv(jax.random.key(4), batch=b, length=1, heads=n, head_dim=h)[0]  # (B, 1, N, H)
+    query = measure.random_qkv(jax.random.key(4), batch=b, length=1, heads=n, head_dim=h)[
+        0
+    ]  # (B, 1, N, H)
     cache_key = measure.random_cache(jax.random.key(5), b, s, k, h, jnp.float32)  # (B, K, S, H)
     cache_value = measure.random_cache(jax.random.key(6), b, s, k, h, jnp.float32)
     lengths = jnp.array([1, 11, 4, 7, 2], jnp.int32)
     got = jax.jit(ex.ragged_decode_attention)(query, cache_key, cache_value, lengths)
-    want = jax.jit(jax.nn.dot_product_attention)(query, cache_key.swapaxes(1, 2),
-                                                 cache_value.swapaxes(1, 2),
-                                                 key_value_seq_lengths=lengths)
+    want = jax.jit(jax.nn.dot_product_attention)(
+        query, cache_key.swapaxes(1, 2), cache_value.swapaxes(1, 2), key_value_seq_lengths=lengths
+    )
     np.testing.assert_allclose(got, want, atol=2e-6)
 
 
@@ -140,8 +143,15 @@ def test_temperature_moves_from_argmax_to_uniform():
 
 
 def test_incremental_logits_equal_the_full_forward_pass(key):
-    config = jaxloops.TransformerConfig(vocab_size=13, num_layers=1, model_dim=30, num_heads=6,
-                                        num_kv_heads=2, hidden_dim=7, max_len=11)
+    config = jaxloops.TransformerConfig(
+        vocab_size=13,
+        num_layers=1,
+        model_dim=30,
+        num_heads=6,
+        num_kv_heads=2,
+        hidden_dim=7,
+        max_len=11,
+    )
     params = jaxloops.init_transformer(key, config)
     tokens = jnp.asarray(np.random.default_rng(1).integers(0, 13, (3, 7)), jnp.int32)
     got = ex.incremental_logits(params, tokens, prefill=4)  # prefill 4, then 3 decode steps

@@ -15,7 +15,13 @@ from jaxloops.solutions import loop as exercises
 # Chapter 1.
 def test_traced_shapes_records_exactly_the_cache_misses():
     f32, i32 = jnp.float32, jnp.int32
-    inputs = [jnp.ones(3, f32), jnp.zeros(3, f32), jnp.ones(5, f32), jnp.ones(3, f32), jnp.ones(3, i32)]
+    inputs = [
+        jnp.ones(3, f32),
+        jnp.zeros(3, f32),
+        jnp.ones(5, f32),
+        jnp.ones(3, f32),
+        jnp.ones(3, i32),
+    ]
     traced = exercises.traced_shapes(lambda x: x * 2, inputs)
     assert traced == [((3,), "float32"), ((5,), "float32"), ((3,), "int32")]
 
@@ -44,7 +50,10 @@ def test_an_epoch_uses_each_example_at_most_once_and_drops_the_remainder(key, n,
 
 
 def test_different_keys_drop_different_examples():
-    dropped = [np.flatnonzero(exercises.epoch_example_counts(jax.random.key(s), 23, 7) == 0) for s in range(5)]
+    dropped = [
+        np.flatnonzero(exercises.epoch_example_counts(jax.random.key(s), 23, 7) == 0)
+        for s in range(5)
+    ]
     assert len({tuple(d) for d in dropped}) > 1
 
 
@@ -61,7 +70,9 @@ def test_label_smoothing_equals_optax(key, smoothing):
     labels = jnp.array([0, 6, 3, 3, 1])
     targets = optax.smooth_labels(jax.nn.one_hot(labels, 7), smoothing)
     expected = optax.softmax_cross_entropy(logits, targets).mean()
-    np.testing.assert_allclose(exercises.label_smoothed_cross_entropy(logits, labels, smoothing), expected, rtol=1e-6)
+    np.testing.assert_allclose(
+        exercises.label_smoothed_cross_entropy(logits, labels, smoothing), expected, rtol=1e-6
+    )
 
 
 def test_label_smoothing_is_stable_and_reduces_to_cross_entropy():
@@ -78,7 +89,9 @@ def test_cross_entropy_gradient_is_softmax_minus_one_hot(key):
     logits = jax.random.normal(key, (5, 7))
     labels = jnp.array([0, 6, 3, 3, 1])
     autodiff = jax.grad(jaxloops.cross_entropy)(logits, labels)
-    np.testing.assert_allclose(exercises.softmax_cross_entropy_grad(logits, labels), autodiff, atol=1e-7)
+    np.testing.assert_allclose(
+        exercises.softmax_cross_entropy_grad(logits, labels), autodiff, atol=1e-7
+    )
 
 
 def test_momentum_by_hand_equals_optax_sgd_with_momentum(key):
@@ -87,11 +100,15 @@ def test_momentum_by_hand_equals_optax_sgd_with_momentum(key):
     opt_state = optimizer.init(params)
     by_hand, velocity = params, jax.tree.map(jnp.zeros_like, params)
     for step in range(3):
-        grads = jax.tree.map(lambda p: jnp.sin(p * (step + 1)), by_hand)  # a different gradient each step
+        grads = jax.tree.map(
+            lambda p, step=step: jnp.sin(p * (step + 1)), by_hand
+        )  # a different gradient each step
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         by_hand, velocity = exercises.momentum_update(by_hand, grads, velocity, 0.1, 0.9)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), by_hand, params)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), by_hand, params
+    )
 
 
 # Chapter 5.
@@ -102,16 +119,21 @@ def test_adamw_by_hand_equals_make_optimizer(key):
     by_hand = params
     state = (0, jax.tree.map(jnp.zeros_like, params), jax.tree.map(jnp.zeros_like, params))
     for step in range(3):
-        grads = jax.tree.map(lambda p: jnp.cos(p * (step + 2)), by_hand)
+        grads = jax.tree.map(lambda p, step=step: jnp.cos(p * (step + 2)), by_hand)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         by_hand, state = exercises.adamw_update(by_hand, grads, state, 1e-2, 0.1)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), by_hand, params)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), by_hand, params
+    )
 
 
 def test_clipping_rescales_large_gradients_and_leaves_small_ones(key):
     params = jaxloops.init_mlp(key, (5, 7, 3))
-    clipped, plain = exercises.make_clipped_optimizer(1e-2, 0.1, 1.0), jaxloops.make_optimizer(1e-2, 0.1)
+    clipped, plain = (
+        exercises.make_clipped_optimizer(1e-2, 0.1, 1.0),
+        jaxloops.make_optimizer(1e-2, 0.1),
+    )
     big = jax.tree.map(lambda p: 100.0 * jnp.ones_like(p), params)
     norm = optax.tree.norm(big)
     small = jax.tree.map(lambda g: g / (2 * norm), big)  # global norm 0.5
@@ -131,7 +153,9 @@ def test_accumulated_gradients_give_the_full_batch_step(key):
     micro = jax.jit(exercises.make_accumulating_train_step(jaxloops.mlp_loss, optimizer, 3))
     want_params, _, want_metrics = full(params, optimizer.init(params), batch)
     got_params, _, got_metrics = micro(params, optimizer.init(params), batch)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got_params, want_params)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got_params, want_params
+    )
     np.testing.assert_allclose(got_metrics["loss"], want_metrics["loss"], rtol=1e-5)
 
 
@@ -154,9 +178,13 @@ def test_host_syncs_equals_the_losses_python_loop_fetches(steps, log_every):
 def test_precision_recall_f1_equal_scikit_learn():
     rng = np.random.default_rng(3)
     labels = rng.integers(0, 5, 97)
-    predictions = np.where(rng.random(97) < 0.6, labels, rng.integers(0, 4, 97))  # class 4 never predicted wrongly
+    predictions = np.where(
+        rng.random(97) < 0.6, labels, rng.integers(0, 4, 97)
+    )  # class 4 never predicted wrongly
     counts = jaxloops.confusion_matrix(jnp.asarray(labels), jnp.asarray(predictions), 5)
-    want = metrics.precision_recall_fscore_support(labels, predictions, labels=range(5), zero_division=0)[:3]
+    want = metrics.precision_recall_fscore_support(
+        labels, predictions, labels=range(5), zero_division=0
+    )[:3]
     for got, expected in zip(exercises.precision_recall_f1(counts), want):
         np.testing.assert_allclose(got, expected)
 
@@ -165,7 +193,9 @@ def test_precision_recall_f1_equal_scikit_learn():
 def test_top_k_accuracy_equals_scikit_learn(key, k):
     logits = jax.random.normal(key, (13, 7))
     labels = jnp.arange(13) % 7
-    expected = metrics.top_k_accuracy_score(np.asarray(labels), np.asarray(logits), k=k, labels=range(7))
+    expected = metrics.top_k_accuracy_score(
+        np.asarray(labels), np.asarray(logits), k=k, labels=range(7)
+    )
     np.testing.assert_allclose(exercises.top_k_accuracy(logits, labels, k), expected, rtol=1e-6)
 
 
@@ -173,5 +203,8 @@ def test_top_k_accuracy_ignores_masked_rows(key):
     logits = jax.random.normal(key, (11, 5))
     labels = jnp.arange(11) % 5
     mask = jnp.arange(11) < 7
-    np.testing.assert_allclose(exercises.top_k_accuracy(logits, labels, 2, mask),
-                               exercises.top_k_accuracy(logits[:7], labels[:7], 2), rtol=1e-6)
+    np.testing.assert_allclose(
+        exercises.top_k_accuracy(logits, labels, 2, mask),
+        exercises.top_k_accuracy(logits[:7], labels[:7], 2),
+        rtol=1e-6,
+    )

@@ -3,8 +3,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxloops.text import ALPHABET, UNKNOWN, VOCAB_SIZE, ids_to_text, load_stdlib_corpus
-from jaxloops.text import sample_windows, spaced_windows, stdlib_files, text_to_ids
+from jaxloops.text import (
+    ALPHABET,
+    UNKNOWN,
+    VOCAB_SIZE,
+    ids_to_text,
+    load_stdlib_corpus,
+    sample_windows,
+    spaced_windows,
+    stdlib_files,
+    text_to_ids,
+)
 
 
 def test_vocabulary_is_newline_and_printable_ascii():

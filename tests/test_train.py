@@ -1,7 +1,6 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 import jaxloops
@@ -29,7 +28,9 @@ def test_weight_decay_leaves_biases_alone(key):
     zero_grads = jax.tree.map(jnp.zeros_like, params)
     updates, _ = optimizer.update(zero_grads, optimizer.init(params), params)
     # With zero gradients only the decay moves anything: -lr * wd * w on weights, 0 on biases.
-    np.testing.assert_allclose(updates["dense_0"]["w"], -0.1 * 0.5 * params["dense_0"]["w"], rtol=1e-6)
+    np.testing.assert_allclose(
+        updates["dense_0"]["w"], -0.1 * 0.5 * params["dense_0"]["w"], rtol=1e-6
+    )
     np.testing.assert_array_equal(updates["dense_1"]["b"], 0.0)
 
 

@@ -11,13 +11,26 @@ from jaxloops.data import Batch
 from jaxloops.loop import make_epoch
 from jaxloops.text import VOCAB_SIZE, load_stdlib_corpus, sample_windows
 from jaxloops.train import make_optimizer, make_train_step
-from jaxloops.transformer import TransformerConfig, attention_map, embed
-from jaxloops.transformer import init_transformer
-from jaxloops.transformer import project_qkv, transformer_logits, transformer_loss
+from jaxloops.transformer import (
+    TransformerConfig,
+    attention_map,
+    embed,
+    init_transformer,
+    project_qkv,
+    transformer_logits,
+    transformer_loss,
+)
 
 # Distinct sizes: V 13, L 2, D 30, N 10, K 5 (G = 2), H 3, F 21, max_len 11; batches B 7, T 9.
-SIZES = dict(vocab_size=13, num_layers=2, model_dim=30, num_heads=10, num_kv_heads=5,
-             hidden_dim=21, max_len=11)
+SIZES = dict(
+    vocab_size=13,
+    num_layers=2,
+    model_dim=30,
+    num_heads=10,
+    num_kv_heads=5,
+    hidden_dim=21,
+    max_len=11,
+)
 GQA = TransformerConfig(**SIZES)
 
 
@@ -36,11 +49,14 @@ def tokens():
     return jnp.asarray(rng.integers(0, GQA.vocab_size, (7, 9), dtype=np.int32))  # (B, T)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"model_dim": 32}, "model_dim 32 is not divisible by num_heads 10"),
-    ({"num_kv_heads": 4}, "num_heads 10 is not a multiple of num_kv_heads 4"),
-    ({"num_layers": 0}, "num_layers must be a positive int"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"model_dim": 32}, "model_dim 32 is not divisible by num_heads 10"),
+        ({"num_kv_heads": 4}, "num_heads 10 is not a multiple of num_kv_heads 4"),
+        ({"num_layers": 0}, "num_layers must be a positive int"),
+    ],
+)
 def test_bad_configs_raise(overrides, message):
     with pytest.raises(ValueError, match=message):
         TransformerConfig(**{**SIZES, **overrides})
@@ -68,11 +84,11 @@ def test_parameter_shapes_follow_the_config(params):
 def test_output_at_t_does_not_depend_on_tokens_after_t(params, tokens):
     t = 4
     changed = np.array(tokens)
-    changed[:, t + 1:] = (changed[:, t + 1:] + 5) % GQA.vocab_size  # every later token differs
+    changed[:, t + 1 :] = (changed[:, t + 1 :] + 5) % GQA.vocab_size  # every later token differs
     before, after = logits_fn(params, tokens), logits_fn(params, changed)
     assert before.shape == (7, 9, 13)  # (B, T, V)
     np.testing.assert_array_equal(before[:, : t + 1], after[:, : t + 1])
-    assert float(jnp.abs(before[:, t + 1:] - after[:, t + 1:]).min()) > 0
+    assert float(jnp.abs(before[:, t + 1 :] - after[:, t + 1 :]).min()) > 0
 
 
 def test_loss_is_optax_cross_entropy_of_the_logits(params, tokens):
@@ -84,7 +100,8 @@ def test_loss_is_optax_cross_entropy_of_the_logits(params, tokens):
         return loss, aux["accuracy"], reference, (logits.argmax(-1) == batch.y).mean()
 
     loss, accuracy, expected, expected_accuracy = loss_and_reference(
-        params, Batch(x=tokens, y=jnp.roll(tokens, -1, axis=1)))
+        params, Batch(x=tokens, y=jnp.roll(tokens, -1, axis=1))
+    )
     np.testing.assert_allclose(loss, expected, rtol=1e-6)
     np.testing.assert_allclose(accuracy, expected_accuracy)
 
@@ -108,8 +125,15 @@ def test_attention_map_is_causal_and_reproduces_the_attention_output(params, tok
 
 
 def test_tiny_model_learns_stdlib_text_with_the_books_train_step():
-    config = TransformerConfig(vocab_size=VOCAB_SIZE, num_layers=1, model_dim=15, num_heads=3,
-                               num_kv_heads=1, hidden_dim=21, max_len=11)
+    config = TransformerConfig(
+        vocab_size=VOCAB_SIZE,
+        num_layers=1,
+        model_dim=15,
+        num_heads=3,
+        num_kv_heads=1,
+        hidden_dim=21,
+        max_len=11,
+    )
     params = init_transformer(jax.random.key(0), config)
     optimizer = make_optimizer(1e-2, 0.0)
     epoch = jax.jit(make_epoch(make_train_step(transformer_loss, optimizer)))

@@ -26,62 +26,48 @@ Two rules, applied everywhere:
   that runs it (`fit`, or the reader) applies `jax.jit`, so it decides donation.
 """
 
-from jaxloops.data import Batch
-from jaxloops.data import Split
-from jaxloops.data import epoch_batches
-from jaxloops.data import load_digits_split
-from jaxloops.data import ragged_batches
-from jaxloops.data import to_device
-from jaxloops.mlp import init_mlp
-from jaxloops.mlp import mlp_logits
-from jaxloops.mlp import mlp_loss
-from jaxloops.losses import accuracy
-from jaxloops.losses import cross_entropy
-from jaxloops.grads import finite_difference
-from jaxloops.grads import sgd_update
-from jaxloops.train import decay_mask
-from jaxloops.train import make_optimizer
-from jaxloops.train import make_train_step
-from jaxloops.loop import fit
-from jaxloops.loop import make_epoch
-from jaxloops.loop import python_loop
-from jaxloops.loop import unstack
-from jaxloops.evaluate import EvalBatches
-from jaxloops.evaluate import accuracy_from_confusion
-from jaxloops.evaluate import confusion_matrix
-from jaxloops.evaluate import evaluate
-from jaxloops.evaluate import most_confused
-from jaxloops.evaluate import pad_batches
-from jaxloops.evaluate import per_class_accuracy
-from jaxloops.attention import attention
-from jaxloops.attention import attention_weights
-from jaxloops.attention import causal_mask
-from jaxloops.attention import check_attention_shapes
-from jaxloops.blockwise import blockwise_attention
-from jaxloops.blockwise import online_softmax_step
-from jaxloops.kvcache import attention_kind
-from jaxloops.kvcache import decode_attention
-from jaxloops.kvcache import decode_step
-from jaxloops.kvcache import init_kv_cache
-from jaxloops.kvcache import kv_cache_bytes
-from jaxloops.transformer import TransformerConfig
-from jaxloops.transformer import attention_map
-from jaxloops.transformer import cached_logits
-from jaxloops.transformer import init_transformer
-from jaxloops.transformer import transformer_logits
-from jaxloops.transformer import transformer_loss
-from jaxloops.generation import generate
-from jaxloops.generation import generate_without_cache
-from jaxloops.generation import init_cache
-from jaxloops.generation import sample_token
-from jaxloops.text import Corpus
-from jaxloops.text import ids_to_text
-from jaxloops.text import load_stdlib_corpus
-from jaxloops.text import sample_windows
-from jaxloops.text import spaced_windows
-from jaxloops.text import text_to_ids
-from jaxloops.backend import Sizes
-from jaxloops.backend import experiment_sizes
+from jaxloops.attention import attention, attention_weights, causal_mask, check_attention_shapes
+from jaxloops.backend import Sizes, experiment_sizes
+from jaxloops.blockwise import blockwise_attention, online_softmax_step
+from jaxloops.data import Batch, Split, epoch_batches, load_digits_split, ragged_batches, to_device
+from jaxloops.evaluate import (
+    EvalBatches,
+    accuracy_from_confusion,
+    confusion_matrix,
+    evaluate,
+    most_confused,
+    pad_batches,
+    per_class_accuracy,
+)
+from jaxloops.generation import generate, generate_without_cache, init_cache, sample_token
+from jaxloops.grads import finite_difference, sgd_update
+from jaxloops.kvcache import (
+    attention_kind,
+    decode_attention,
+    decode_step,
+    init_kv_cache,
+    kv_cache_bytes,
+)
+from jaxloops.loop import fit, make_epoch, python_loop, unstack
+from jaxloops.losses import accuracy, cross_entropy
+from jaxloops.mlp import init_mlp, mlp_logits, mlp_loss
+from jaxloops.text import (
+    Corpus,
+    ids_to_text,
+    load_stdlib_corpus,
+    sample_windows,
+    spaced_windows,
+    text_to_ids,
+)
+from jaxloops.train import decay_mask, make_optimizer, make_train_step
+from jaxloops.transformer import (
+    TransformerConfig,
+    attention_map,
+    cached_logits,
+    init_transformer,
+    transformer_logits,
+    transformer_loss,
+)
 
 __all__ = (
     "accuracy",

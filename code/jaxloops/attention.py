@@ -42,14 +42,20 @@ def check_attention_shapes(query, key, value, mask=None) -> tuple[int, ...]:
     if min(S, K) < 1:
         raise ValueError(f"key {key.shape} has an empty axis; need S, K >= 1")
     if key_batch != B:
-        raise ValueError(f"query has batch {B}, key/value have batch {key_batch} "
-                         f"(query {query.shape}, key {key.shape})")
+        raise ValueError(
+            f"query has batch {B}, key/value have batch {key_batch} "
+            f"(query {query.shape}, key {key.shape})"
+        )
     if key_head_dim != H:
-        raise ValueError(f"query head dim {H} != key/value head dim {key_head_dim} "
-                         f"(query {query.shape}, key {key.shape})")
+        raise ValueError(
+            f"query head dim {H} != key/value head dim {key_head_dim} "
+            f"(query {query.shape}, key {key.shape})"
+        )
     if N % K != 0:
-        raise ValueError(f"query has {N} heads, key/value has {K}; {N} is not a multiple of "
-                         f"{K} (query {query.shape}, key {key.shape})")
+        raise ValueError(
+            f"query has {N} heads, key/value has {K}; {N} is not a multiple of "
+            f"{K} (query {query.shape}, key {key.shape})"
+        )
     if mask is not None:
         mask_shape = jnp.shape(mask)
         if jnp.result_type(mask) != jnp.bool_:
@@ -59,8 +65,9 @@ def check_attention_shapes(query, key, value, mask=None) -> tuple[int, ...]:
         except ValueError:
             full = None
         if len(mask_shape) > 4 or full != (B, N, T, S):
-            raise ValueError(f"mask shape {mask_shape} does not broadcast to (B, N, T, S) = "
-                             f"{(B, N, T, S)}")
+            raise ValueError(
+                f"mask shape {mask_shape} does not broadcast to (B, N, T, S) = {(B, N, T, S)}"
+            )
     return B, T, S, N, K, H
 
 
@@ -118,8 +125,9 @@ def attention_weights(query, key, *, is_causal: bool = False, mask=None):
     query_BKGTH = query.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4)  # (B, K, G, T, H)
     key_BKSH = key.transpose(0, 2, 1, 3)  # (B, K, S, H)
     # Move 1: every query against every key.
-    scores = jnp.einsum("BKGTH,BKSH->BKGTS", query_BKGTH, key_BKSH,
-                        preferred_element_type=logits_dtype)  # (B, K, G, T, S)
+    scores = jnp.einsum(
+        "BKGTH,BKSH->BKGTS", query_BKGTH, key_BKSH, preferred_element_type=logits_dtype
+    )  # (B, K, G, T, S)
     # Move 2: scale so the logits' variance does not grow with H.
     scores = scores * (1.0 / math.sqrt(H))
     if is_causal:
@@ -151,6 +159,7 @@ def attention(query, key, value, *, is_causal: bool = False, mask=None):
     weights = weights.reshape(B, K, G, T, S)  # (B, N, T, S) -> (B, K, G, T, S)
     value_BKSH = value.transpose(0, 2, 1, 3)  # (B, K, S, H)
     # Move 4: mix the values with those weights.
-    out = jnp.einsum("BKGTS,BKSH->BKGTH", weights.astype(value.dtype),
-                     value_BKSH)  # (B, K, G, T, H)
+    out = jnp.einsum(
+        "BKGTS,BKSH->BKGTH", weights.astype(value.dtype), value_BKSH
+    )  # (B, K, G, T, H)
     return out.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)  # (B, T, N, H)

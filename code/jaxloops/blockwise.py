@@ -12,8 +12,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxloops.attention import check_attention_shapes
-from jaxloops.attention import masked_fill_value
+from jaxloops.attention import check_attention_shapes, masked_fill_value
 
 
 def online_softmax_step(carry, scores, value_block):
@@ -33,8 +32,12 @@ def online_softmax_step(carry, scores, value_block):
     correction = jnp.exp(running_max - new_max)  # (B, K, G, T)
     weights = jnp.exp(scores - new_max[..., None])  # (B, K, G, T, S)
     new_sum = running_sum * correction + weights.sum(axis=-1)  # (B, K, G, T)
-    mixed = jnp.einsum("BKGTS,BKSH->BKGTH", weights.astype(value_block.dtype), value_block,
-                       preferred_element_type=out.dtype)  # (B, K, G, T, H)
+    mixed = jnp.einsum(
+        "BKGTS,BKSH->BKGTH",
+        weights.astype(value_block.dtype),
+        value_block,
+        preferred_element_type=out.dtype,
+    )  # (B, K, G, T, H)
     return new_max, new_sum, out * correction[..., None] + mixed
 
 
@@ -86,8 +89,9 @@ def blockwise_attention(query, key, value, *, is_causal: bool = False, block_siz
             k_pos = k_index * k_block + jnp.arange(k_block)  # (Sb,)
 
             def update(carry):
-                scores = jnp.einsum("BKGTH,BKSH->BKGTS", query_block, key_block,
-                                    preferred_element_type=jnp.float32)  # (B, K, G, Tb, Sb)
+                scores = jnp.einsum(
+                    "BKGTH,BKSH->BKGTS", query_block, key_block, preferred_element_type=jnp.float32
+                )  # (B, K, G, Tb, Sb)
                 scores = scores * scale
                 if S % k_block:  # keys padded up to a whole block never count
                     scores = jnp.where(k_pos[None, :] < S, scores, fill)  # (B, K, G, Tb, Sb)
@@ -101,11 +105,14 @@ def blockwise_attention(query, key, value, *, is_causal: bool = False, block_siz
             visible = k_index * k_block <= q_index * q_block + q_block - 1
             return lax.cond(visible, update, lambda c: c, carry), None
 
-        init = (jnp.full((B, K, G, q_block), fill, jnp.float32),
-                jnp.zeros((B, K, G, q_block), jnp.float32),
-                jnp.zeros((B, K, G, q_block, H), jnp.float32))
+        init = (
+            jnp.full((B, K, G, q_block), fill, jnp.float32),
+            jnp.zeros((B, K, G, q_block), jnp.float32),
+            jnp.zeros((B, K, G, q_block, H), jnp.float32),
+        )
         (_, running_sum, out), _ = lax.scan(
-            fold_key_block, init, (key, value, jnp.arange(key.shape[0])))
+            fold_key_block, init, (key, value, jnp.arange(key.shape[0]))
+        )
         return (out / running_sum[..., None]).astype(value.dtype)  # (B, K, G, Tb, H)
 
     out = lax.map(one_query_block, (query, jnp.arange(query.shape[0])))  # (nT, B, K, G, Tb, H)

@@ -4,7 +4,6 @@ import functools
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 
@@ -101,4 +100,4 @@ def ragged_batches(data: Batch, batch_size: int) -> list[Batch]:
     """Consecutive batches that keep the remainder: the last one is shorter (a new shape)."""
     check_batch_size(batch_size, data.x.shape[0])
     starts = range(0, data.x.shape[0], batch_size)
-    return [jax.tree.map(lambda a: a[i : i + batch_size], data) for i in starts]
+    return [jax.tree.map(lambda a, i=i: a[i : i + batch_size], data) for i in starts]

@@ -1,6 +1,7 @@
 """Evaluation on fixed-size test batches: padding, masks, accuracy, confusion matrix."""
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,11 +30,15 @@ def pad_batches(data: Batch, batch_size: int) -> EvalBatches:
     pad = steps * batch_size - n
     index = np.concatenate([np.arange(n), np.zeros(pad, dtype=int)])
     mask = np.arange(steps * batch_size) < n
-    stack = lambda a: jnp.asarray(a)[index].reshape(steps, batch_size, *a.shape[1:])  # (n+pad, ...) -> (steps, B, ...)
+    stack = lambda a: jnp.asarray(a)[index].reshape(
+        steps, batch_size, *a.shape[1:]
+    )  # (n+pad, ...) -> (steps, B, ...)
     return EvalBatches(stack(data.x), stack(data.y), jnp.asarray(mask).reshape(steps, batch_size))
 
 
-def confusion_matrix(labels: jax.Array, predictions: jax.Array, num_classes: int, mask=None) -> jax.Array:
+def confusion_matrix(
+    labels: jax.Array, predictions: jax.Array, num_classes: int, mask=None
+) -> jax.Array:
     """Counts (C, C): row = true class, column = predicted class; masked-out entries add 0."""
     weights = jnp.ones(labels.shape, jnp.int32) if mask is None else mask.astype(jnp.int32)
     counts = jnp.zeros((num_classes, num_classes), jnp.int32)

@@ -10,8 +10,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxloops.transformer import Params, cached_logits, check_tokens, num_blocks
-from jaxloops.transformer import transformer_logits
+from jaxloops.transformer import Params, cached_logits, check_tokens, num_blocks, transformer_logits
 
 
 def init_cache(params: Params, batch_size: int, length: int):
@@ -44,8 +43,9 @@ def check_generation(params: Params, prompt, steps: int) -> tuple[int, int]:
 
 
 @functools.partial(jax.jit, static_argnames=("steps", "temperature"))
-def generate(key: jax.Array, params: Params, prompt: jax.Array, *, steps: int,
-             temperature: float = 1.0) -> jax.Array:
+def generate(
+    key: jax.Array, params: Params, prompt: jax.Array, *, steps: int, temperature: float = 1.0
+) -> jax.Array:
     """Prompt (B, P) followed by `steps` sampled tokens: (B, P + steps), using a KV cache.
 
     The cache holds S = P + steps positions. Prefill runs the prompt through the model once
@@ -74,8 +74,9 @@ def generate(key: jax.Array, params: Params, prompt: jax.Array, *, steps: int,
 
 
 @functools.partial(jax.jit, static_argnames=("steps", "temperature"))
-def generate_without_cache(key: jax.Array, params: Params, prompt: jax.Array, *, steps: int,
-                           temperature: float = 1.0) -> jax.Array:
+def generate_without_cache(
+    key: jax.Array, params: Params, prompt: jax.Array, *, steps: int, temperature: float = 1.0
+) -> jax.Array:
     """Same tokens as `generate`, but every step runs the full forward pass again.
 
     Shapes must be static under jit, so each step runs the whole (B, P + steps) window;

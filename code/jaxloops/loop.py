@@ -1,7 +1,8 @@
 """Keeping the loop on the device: an epoch as one `lax.scan`, and `fit`, the book's driver."""
 
 import functools
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -64,7 +65,8 @@ def make_epochs(train_step, batch_size: int, num_epochs: int):
             return (params, opt_state), jax.tree.map(jnp.mean, metrics)
 
         (params, opt_state), metrics = jax.lax.scan(
-            body, (params, opt_state), first_epoch + jnp.arange(num_epochs))
+            body, (params, opt_state), first_epoch + jnp.arange(num_epochs)
+        )
         return params, opt_state, metrics
 
     return epochs
@@ -80,8 +82,19 @@ def compiled_epochs(train_step, batch_size: int, num_epochs: int):
     return jax.jit(make_epochs(train_step, batch_size, num_epochs), donate_argnums=(0, 1))
 
 
-def fit(key, params, opt_state, train_step, data: Batch, *, batch_size: int, epochs: int,
-        epochs_per_call: int | None = None, start_epoch: int = 0, hook: Hook | None = None):
+def fit(
+    key,
+    params,
+    opt_state,
+    train_step,
+    data: Batch,
+    *,
+    batch_size: int,
+    epochs: int,
+    epochs_per_call: int | None = None,
+    start_epoch: int = 0,
+    hook: Hook | None = None,
+):
     """Trains epochs start_epoch .. epochs-1, reshuffling on the device before each epoch.
 
     Each call of the compiled program runs `epochs_per_call` epochs (default: all of them
@@ -144,4 +157,4 @@ def python_loop(step, params, opt_state, batches: list[Batch], log_every: int | 
 
 def unstack(batches: Batch) -> list[Batch]:
     """Splits batches stacked on a leading steps axis into a list, one device batch each."""
-    return [jax.tree.map(lambda a: a[i], batches) for i in range(batches.x.shape[0])]
+    return [jax.tree.map(lambda a, i=i: a[i], batches) for i in range(batches.x.shape[0])]

@@ -1,7 +1,7 @@
 """A small MLP on a dict pytree: init, logits and its loss."""
 
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +35,9 @@ def mlp_logits(params: Params, x: jax.Array) -> jax.Array:
     """Logits (B, C) of inputs x (B, F_in): ReLU between layers, none after the last."""
     layers = [params[f"dense_{i}"] for i in range(len(params))]
     if x.ndim != 2 or x.shape[1] != layers[0]["w"].shape[0]:
-        raise ValueError(f"inputs have shape {x.shape}; the first layer expects (B, {layers[0]['w'].shape[0]})")
+        raise ValueError(
+            f"inputs have shape {x.shape}; the first layer expects (B, {layers[0]['w'].shape[0]})"
+        )
     for layer in layers[:-1]:
         x = jax.nn.relu(x @ layer["w"] + layer["b"])  # (B, F_i) -> (B, F_{i+1})
     return x @ layers[-1]["w"] + layers[-1]["b"]  # (B, F) -> (B, C)

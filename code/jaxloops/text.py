@@ -48,16 +48,18 @@ def ids_to_text(ids) -> str:
     """The text of token ids, any shape flattened in order."""
     ids = np.asarray(ids).reshape(-1)
     if ids.size and (ids.min() < 0 or ids.max() >= VOCAB_SIZE):
-        raise ValueError(f"token ids span [{ids.min()}, {ids.max()}]; "
-                         f"expected [0, {VOCAB_SIZE - 1}]")
+        raise ValueError(
+            f"token ids span [{ids.min()}, {ids.max()}]; expected [0, {VOCAB_SIZE - 1}]"
+        )
     return "".join(ALPHABET[i] for i in ids)
 
 
 def stdlib_files() -> list[pathlib.Path]:
     """The public top-level modules of this interpreter's standard library, sorted by name."""
     root = pathlib.Path(sysconfig.get_paths()["stdlib"])
-    files = sorted((p for p in root.glob("*.py") if not p.name.startswith("_")),
-                   key=lambda p: p.name)
+    files = sorted(
+        (p for p in root.glob("*.py") if not p.name.startswith("_")), key=lambda p: p.name
+    )
     if not files:
         raise ValueError(f"no standard-library sources found under {root}")
     return files
@@ -70,8 +72,10 @@ def load_stdlib_corpus(num_bytes: int, validation_fraction: float = 0.1) -> Corp
     the model never trains on, not windows interleaved with the training text.
     """
     if num_bytes < 1 or not 0 < validation_fraction < 1:
-        raise ValueError(f"need num_bytes >= 1 and 0 < validation_fraction < 1, "
-                         f"got {num_bytes}, {validation_fraction}")
+        raise ValueError(
+            f"need num_bytes >= 1 and 0 < validation_fraction < 1, "
+            f"got {num_bytes}, {validation_fraction}"
+        )
     chunks, names, total = [], [], 0
     for path in stdlib_files():
         if total >= num_bytes:
@@ -81,8 +85,10 @@ def load_stdlib_corpus(num_bytes: int, validation_fraction: float = 0.1) -> Corp
         names.append(path.name)
         total += len(data)
     if total < num_bytes:
-        raise ValueError(f"the standard library holds only {total} bytes of public modules; "
-                         f"asked for {num_bytes}")
+        raise ValueError(
+            f"the standard library holds only {total} bytes of public modules; "
+            f"asked for {num_bytes}"
+        )
     # Bytes outside ASCII decode to U+FFFD (or a cut character's half does): both -> UNKNOWN.
     ids = text_to_ids(b"".join(chunks).decode("utf-8", errors="replace"))
     cut = int(len(ids) * (1 - validation_fraction))
@@ -90,8 +96,9 @@ def load_stdlib_corpus(num_bytes: int, validation_fraction: float = 0.1) -> Corp
 
 
 @functools.partial(jax.jit, static_argnames=("steps", "batch_size", "seq_len"))
-def sample_windows(key: jax.Array, tokens: jax.Array, steps: int, batch_size: int,
-                   seq_len: int) -> Batch:
+def sample_windows(
+    key: jax.Array, tokens: jax.Array, steps: int, batch_size: int, seq_len: int
+) -> Batch:
     """Random windows of `tokens` for `steps` train steps, drawn on the device.
 
     Returns:
@@ -99,8 +106,10 @@ def sample_windows(key: jax.Array, tokens: jax.Array, steps: int, batch_size: in
       x (steps, B, T) tokens and y (steps, B, T) the token after each one.
     """
     if tokens.shape[0] < seq_len + 1:
-        raise ValueError(f"text of {tokens.shape[0]} tokens is too short for windows of "
-                         f"{seq_len} inputs plus one target")
+        raise ValueError(
+            f"text of {tokens.shape[0]} tokens is too short for windows of "
+            f"{seq_len} inputs plus one target"
+        )
     last_start = tokens.shape[0] - seq_len - 1  # the target of the last input is the last token
     starts = jax.random.randint(key, (steps, batch_size), 0, last_start + 1)  # (steps, B)
     positions = starts[..., None] + jnp.arange(seq_len)  # (steps, B, T)
@@ -115,8 +124,9 @@ def spaced_windows(tokens, seq_len: int, count: int) -> Batch:
     """
     tokens = np.asarray(tokens)
     if count < 1 or tokens.shape[0] < seq_len + 1:
-        raise ValueError(f"cannot cut {count} windows of {seq_len} + 1 tokens from "
-                         f"{tokens.shape[0]} tokens")
+        raise ValueError(
+            f"cannot cut {count} windows of {seq_len} + 1 tokens from {tokens.shape[0]} tokens"
+        )
     starts = np.linspace(0, tokens.shape[0] - seq_len - 1, count).astype(np.int64)  # (count,)
     positions = starts[:, None] + np.arange(seq_len)  # (count, T)
     return Batch(x=jnp.asarray(tokens[positions]), y=jnp.asarray(tokens[positions + 1]))

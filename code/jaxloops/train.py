@@ -1,6 +1,7 @@
 """The pure train step: (params, opt_state, batch) -> (params, opt_state, metrics)."""
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import optax
@@ -16,7 +17,9 @@ def decay_mask(params) -> Any:
 def make_optimizer(learning_rate: float, weight_decay: float) -> optax.GradientTransformation:
     """AdamW with decoupled weight decay on weight matrices only."""
     if learning_rate <= 0 or weight_decay < 0:
-        raise ValueError(f"need learning_rate > 0 and weight_decay >= 0, got {learning_rate}, {weight_decay}")
+        raise ValueError(
+            f"need learning_rate > 0 and weight_decay >= 0, got {learning_rate}, {weight_decay}"
+        )
     return optax.adamw(learning_rate, weight_decay=weight_decay, mask=decay_mask)
 
 

@@ -39,11 +39,15 @@ class TransformerConfig:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{field.name} must be a positive int, got {value!r}")
         if self.model_dim % self.num_heads:
-            raise ValueError(f"model_dim {self.model_dim} is not divisible by num_heads "
-                             f"{self.num_heads}: the heads must split D evenly")
+            raise ValueError(
+                f"model_dim {self.model_dim} is not divisible by num_heads "
+                f"{self.num_heads}: the heads must split D evenly"
+            )
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads "
-                             f"{self.num_kv_heads}: each key/value head serves G = N // K heads")
+            raise ValueError(
+                f"num_heads {self.num_heads} is not a multiple of num_kv_heads "
+                f"{self.num_kv_heads}: each key/value head serves G = N // K heads"
+            )
 
     @property
     def head_dim(self) -> int:  # H
@@ -67,8 +71,12 @@ def init_transformer(key: jax.Array, config: TransformerConfig) -> Params:
     spec = {"embed": {"tokens": ((V, D), D, 1.0), "positions": ((config.max_len, D), D, 1.0)}}
     for i in range(L):
         spec[f"block_{i}"] = {
-            "attention": {"query": ((D, N, H), D, 1.0), "key": ((D, K, H), D, 1.0),
-                          "value": ((D, K, H), D, 1.0), "out": ((N, H, D), N * H, residual)},
+            "attention": {
+                "query": ((D, N, H), D, 1.0),
+                "key": ((D, K, H), D, 1.0),
+                "value": ((D, K, H), D, 1.0),
+                "out": ((N, H, D), N * H, residual),
+            },
             "mlp": {"w_in": ((D, F), D, 1.0), "w_out": ((F, D), F, residual)},
         }
     spec["unembed"] = {"w": ((D, V), D, 1.0)}
@@ -91,8 +99,12 @@ def draw_normal(key: jax.Array, spec) -> Params:
     sizes = [math.prod(shape) for shape, _, _ in leaves]
     flat = jax.random.normal(key, (sum(sizes),))  # (total,)
     pieces = jnp.split(flat, list(itertools.accumulate(sizes))[:-1])
-    return treedef.unflatten([gain / math.sqrt(fan_in) * piece.reshape(shape)  # (total,) -> shape
-                              for piece, (shape, fan_in, gain) in zip(pieces, leaves)])
+    return treedef.unflatten(
+        [
+            gain / math.sqrt(fan_in) * piece.reshape(shape)  # (total,) -> shape
+            for piece, (shape, fan_in, gain) in zip(pieces, leaves)
+        ]
+    )
 
 
 def num_blocks(params: Params) -> int:
@@ -157,18 +169,23 @@ def check_tokens(params: Params, tokens, length: int | None = None) -> None:
     last position the call can reach) fits the position table."""
     max_len = params["embed"]["positions"].shape[0]
     if jnp.ndim(tokens) != 2 or not jnp.issubdtype(jnp.result_type(tokens), jnp.integer):
-        raise ValueError(f"tokens must be (B, T) integers, got shape {jnp.shape(tokens)} "
-                         f"of {jnp.result_type(tokens)}")
+        raise ValueError(
+            f"tokens must be (B, T) integers, got shape {jnp.shape(tokens)} "
+            f"of {jnp.result_type(tokens)}"
+        )
     length = tokens.shape[1] if length is None else length
     if length > max_len:
-        raise ValueError(f"a sequence of {length} positions is longer than the position "
-                         f"table ({max_len} positions)")
+        raise ValueError(
+            f"a sequence of {length} positions is longer than the position "
+            f"table ({max_len} positions)"
+        )
 
 
 def embed(params: Params, tokens: jax.Array, start=0) -> jax.Array:
     """Token plus position embeddings (B, T, D) of tokens (B, T) at positions start + t."""
-    positions = jax.lax.dynamic_slice_in_dim(params["embed"]["positions"], start,
-                                             tokens.shape[1])  # (T, D)
+    positions = jax.lax.dynamic_slice_in_dim(
+        params["embed"]["positions"], start, tokens.shape[1]
+    )  # (T, D)
     return params["embed"]["tokens"][tokens] + positions  # (B, T, D)
 
 
@@ -177,8 +194,9 @@ def apply_blocks(params: Params, x: jax.Array, cache=None, start=0):
     new_cache = {}
     for i in range(num_blocks(params)):
         name = f"block_{i}"
-        x, new_cache[name] = attention_block(params[name]["attention"], x,
-                                             None if cache is None else cache[name], start)
+        x, new_cache[name] = attention_block(
+            params[name]["attention"], x, None if cache is None else cache[name], start
+        )
         x = mlp_block(params[name]["mlp"], x)
     x = rms_norm(params["norm"], x)  # (B, T, D)
     logits = jnp.einsum("BTD,DV->BTV", x, params["unembed"]["w"])  # (B, T, V)

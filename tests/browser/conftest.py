@@ -20,12 +20,17 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
-
 from sitepages import html_dir, is_local, site_pages
 
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 
 
@@ -93,9 +98,15 @@ def browser_context(pytestconfig):
     chromium = pytestconfig.getoption("--chromium")
     if not os.access(chromium, os.X_OK):
         pytest.fail(f"no Chromium at {chromium}: apt-get install chromium, or set CHROMIUM")
-    with tempfile.TemporaryDirectory(prefix="book-chromium-") as profile, sync_playwright() as playwright:
+    with (
+        tempfile.TemporaryDirectory(prefix="book-chromium-") as profile,
+        sync_playwright() as playwright,
+    ):
         context = playwright.chromium.launch_persistent_context(
-            profile, executable_path=chromium, headless=True, args=CHROMIUM_ARGS,
+            profile,
+            executable_path=chromium,
+            headless=True,
+            args=CHROMIUM_ARGS,
             viewport={"width": 1280, "height": 900},
         )
         # Anything for another host is refused at once (and recorded by the visit): the
@@ -124,17 +135,27 @@ def visit_page(context, url: str, screenshot: Path | None = None) -> Visit:
     requests, failed, console = [], [], []
     page.on("request", lambda request: requests.append(request.url))
     page.on("requestfailed", lambda request: failed.append(f"{request.url} ({request.failure})"))
-    page.on("response", lambda response: response.status >= 400 and failed.append(f"{response.url} ({response.status})"))
+    page.on(
+        "response",
+        lambda response: (
+            response.status >= 400 and failed.append(f"{response.url} ({response.status})")
+        ),
+    )
     page.on("console", lambda message: message.type == "error" and console.append(message.text))
     page.on("pageerror", lambda error: console.append(f"uncaught: {error}"))
     try:
         response = page.goto(url, wait_until="load")
         page.wait_for_load_state("networkidle")  # and any redirect (the site's index.html) is done
-        settle(page, "() => window.MathJax && MathJax.startup ? MathJax.startup.promise.then(() => null) : null")
+        settle(
+            page,
+            "() => window.MathJax && MathJax.startup"
+            " ? MathJax.startup.promise.then(() => null) : null",
+        )
         page.wait_for_load_state("networkidle")  # fonts MathJax asks for once it has typeset
         settle(page, "() => document.fonts.ready.then(() => null)")
         images = page.evaluate(
-            "() => Array.from(document.images).map(i => ({src: i.currentSrc || i.src, width: i.naturalWidth}))"
+            "() => Array.from(document.images)"
+            ".map(i => ({src: i.currentSrc || i.src, width: i.naturalWidth}))"
         )
         math = page.evaluate("""() => {
             const all = Array.from(document.querySelectorAll('.math'));
@@ -153,8 +174,19 @@ def visit_page(context, url: str, screenshot: Path | None = None) -> Visit:
     TALLY.requests += len(requests)
     TALLY.images += len(images)
     TALLY.math += math["typeset"]
-    TALLY.hosts.update(urllib.parse.urlsplit(r).hostname or urllib.parse.urlsplit(r).scheme for r in requests)
-    return Visit(url, response.status if response else None, requests, failed, console, images, math, failed_fonts)
+    TALLY.hosts.update(
+        urllib.parse.urlsplit(r).hostname or urllib.parse.urlsplit(r).scheme for r in requests
+    )
+    return Visit(
+        url,
+        response.status if response else None,
+        requests,
+        failed,
+        console,
+        images,
+        math,
+        failed_fonts,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -177,11 +209,15 @@ def visits(browser_context, base_url):
 def pytest_terminal_summary(terminalreporter, config):
     if not TALLY.pages:
         return
-    line = (f"browser suite: {TALLY.pages} pages, {TALLY.images} images, {TALLY.requests} requests "
-            f"(hosts: {', '.join(sorted(TALLY.hosts))}), {TALLY.math} math elements typeset")
+    line = (
+        f"browser suite: {TALLY.pages} pages, {TALLY.images} images, {TALLY.requests} requests "
+        f"(hosts: {', '.join(sorted(TALLY.hosts))}), {TALLY.math} math elements typeset"
+    )
     terminalreporter.write_line(line)
     try:
         report = html_dir(config).parent / "browser-report.json"
-        report.write_text(json.dumps({**dataclasses.asdict(TALLY), "hosts": sorted(TALLY.hosts)}, indent=1))
+        report.write_text(
+            json.dumps({**dataclasses.asdict(TALLY), "hosts": sorted(TALLY.hosts)}, indent=1)
+        )
     except OSError:  # a read-only site folder: the line above is the report
         pass

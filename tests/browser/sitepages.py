@@ -34,5 +34,3 @@ def site_pages(root: Path) -> list[str]:
 def is_local(url: str) -> bool:
     parsed = urllib.parse.urlsplit(url)
     return parsed.scheme in ("data", "blob", "about") or parsed.hostname in LOCAL_HOSTS
-
-

@@ -12,7 +12,13 @@ from pathlib import Path
 
 from sitepages import site_pages
 
-LINK_ATTRIBUTES = {("a", "href"), ("link", "href"), ("img", "src"), ("script", "src"), ("source", "src")}
+LINK_ATTRIBUTES = {
+    ("a", "href"),
+    ("link", "href"),
+    ("img", "src"),
+    ("script", "src"),
+    ("source", "src"),
+}
 
 
 class LinkParser(html.parser.HTMLParser):
@@ -44,7 +50,9 @@ def broken_links(root: Path, page: str) -> list[str]:
         parts = urllib.parse.urlsplit(link)
         if parts.scheme or parts.netloc or link.startswith("javascript:"):
             continue  # another site (never fetched by the book's pages; see test_pages.py)
-        target = (source.parent / urllib.parse.unquote(parts.path)).resolve() if parts.path else source
+        target = (
+            (source.parent / urllib.parse.unquote(parts.path)).resolve() if parts.path else source
+        )
         if target.is_dir():
             target = target / "index.html"
         if root.resolve() not in (target, *target.parents):

@@ -26,7 +26,9 @@ def test_every_image_loads(visits, page_path):
 
 def test_math_is_typeset(visits, page_path):
     math = visits(page_path).math
-    assert math["typeset"] == math["total"], f"{math['total'] - math['typeset']} math elements left as TeX"
+    assert math["typeset"] == math["total"], (
+        f"{math['total'] - math['typeset']} math elements left as TeX"
+    )
     assert math["errors"] == 0
 
 
@@ -45,7 +47,9 @@ def test_pages_offer_their_sources_for_download(browser_context, base_url, site_
     try:
         page.goto(base_url + "book/05_train_step.html")
         links = {
-            label: page.locator(f".dropdown-download-buttons a.btn-download-{label}-button").get_attribute("href")
+            label: page.locator(
+                f".dropdown-download-buttons a.btn-download-{label}-button"
+            ).get_attribute("href")
             for label in ("notebook", "source")
         }
     finally:

@@ -1,38 +1,36 @@
 """Measuring: honest timing, throughput, attention sweeps, the roofline, and machine facts."""
 
-from jaxloops.measure.timing import CompileLog
-from jaxloops.measure.timing import allocated_bytes
-from jaxloops.measure.timing import compiled_flops
-from jaxloops.measure.timing import compiled_temp_bytes
-from jaxloops.measure.timing import count_compiles
-from jaxloops.measure.timing import matmul_throughput
-from jaxloops.measure.timing import time_call
-from jaxloops.measure.timing import time_dispatch
-from jaxloops.measure.throughput import compare_loops
-from jaxloops.measure.throughput import random_batches
-from jaxloops.measure.throughput import scan_throughput
-from jaxloops.measure.sweeps import attention_sweep
-from jaxloops.measure.sweeps import causal_sweep
-from jaxloops.measure.sweeps import decode_sweep
-from jaxloops.measure.sweeps import markdown_table
-from jaxloops.measure.sweeps import numerics_table
-from jaxloops.measure.sweeps import random_cache
-from jaxloops.measure.sweeps import random_qkv
-from jaxloops.measure.sweeps import read_bandwidth
-from jaxloops.measure.sweeps import reference_attention
-from jaxloops.measure.kernels import attention_fn
-from jaxloops.measure.kernels import attention_with_fallback
-from jaxloops.measure.kernels import implementation_report
-from jaxloops.measure.kernels import run_attention
-from jaxloops.measure.kernels import uses_cudnn_kernel
-from jaxloops.measure.machine import describe_backend
-from jaxloops.measure.roofline import Roofline
-from jaxloops.measure.roofline import measure_roofline
-from jaxloops.measure.roofline import roofline
-from jaxloops.measure.machine import gpu_facts
-from jaxloops.measure.machine import machine_facts
-from jaxloops.measure.machine import run_label
-from jaxloops.measure.machine import versions
+from jaxloops.measure.kernels import (
+    attention_fn,
+    attention_with_fallback,
+    implementation_report,
+    run_attention,
+    uses_cudnn_kernel,
+)
+from jaxloops.measure.machine import describe_backend, gpu_facts, machine_facts, run_label, versions
+from jaxloops.measure.roofline import Roofline, measure_roofline, roofline
+from jaxloops.measure.sweeps import (
+    attention_sweep,
+    causal_sweep,
+    decode_sweep,
+    markdown_table,
+    numerics_table,
+    random_cache,
+    random_qkv,
+    read_bandwidth,
+    reference_attention,
+)
+from jaxloops.measure.throughput import compare_loops, random_batches, scan_throughput
+from jaxloops.measure.timing import (
+    CompileLog,
+    allocated_bytes,
+    compiled_flops,
+    compiled_temp_bytes,
+    count_compiles,
+    matmul_throughput,
+    time_call,
+    time_dispatch,
+)
 
 __all__ = (
     "allocated_bytes",

@@ -5,7 +5,7 @@ record says what ran instead.
 """
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -20,29 +20,32 @@ IMPLEMENTATIONS = ("naive", "xla", "blockwise", "cudnn")
 CUDNN_FMHA_TARGET = "__cudnn$fmha"
 
 
-def attention_fn(implementation: str, *, is_causal: bool = False,
-                 block_size: int = 128) -> Callable:
+def attention_fn(
+    implementation: str, *, is_causal: bool = False, block_size: int = 128
+) -> Callable:
     """The function behind an implementation name: (query, key, value) -> (B, T, N, H).
 
     The same request returns the same function object, so jit reuses its compilation.
     """
     if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"unknown implementation {implementation!r}; expected one of "
-                         f"{IMPLEMENTATIONS}")
+        raise ValueError(
+            f"unknown implementation {implementation!r}; expected one of {IMPLEMENTATIONS}"
+        )
     # Only blockwise has a block size; dropping it elsewhere keeps one function per request.
-    return _attention_fn(implementation, is_causal,
-                         block_size if implementation == "blockwise" else None)
+    return _attention_fn(
+        implementation, is_causal, block_size if implementation == "blockwise" else None
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _attention_fn(implementation: str, is_causal: bool, block_size: int | None) -> Callable:
     if implementation == "naive":
         return functools.partial(attention, is_causal=is_causal)
     if implementation == "blockwise":
-        return functools.partial(blockwise_attention, is_causal=is_causal,
-                                 block_size=block_size)
-    return functools.partial(jax.nn.dot_product_attention, is_causal=is_causal,
-                             implementation=implementation)
+        return functools.partial(blockwise_attention, is_causal=is_causal, block_size=block_size)
+    return functools.partial(
+        jax.nn.dot_product_attention, is_causal=is_causal, implementation=implementation
+    )
 
 
 def uses_cudnn_kernel(fn: Callable, *args) -> bool:
@@ -55,8 +58,9 @@ def _first_line(error: Exception) -> str:
     return f"{type(error).__name__}: {lines[0]}"
 
 
-def run_attention(implementation: str, query, key, value, *, is_causal: bool = False,
-                  block_size: int = 128):
+def run_attention(
+    implementation: str, query, key, value, *, is_causal: bool = False, block_size: int = 128
+):
     """Runs one implementation, reporting a refusal instead of raising it.
 
     Returns:
@@ -65,9 +69,14 @@ def run_attention(implementation: str, query, key, value, *, is_causal: bool = F
       it worked). A cuDNN request whose program lacks the cuDNN call counts as not working.
     """
     fn = attention_fn(implementation, is_causal=is_causal, block_size=block_size)
-    record = {"implementation": implementation, "dtype": jnp.dtype(query.dtype).name,
-              "head_dim": int(query.shape[-1]), "works": True, "cudnn_kernel": False,
-              "error": ""}
+    record = {
+        "implementation": implementation,
+        "dtype": jnp.dtype(query.dtype).name,
+        "head_dim": int(query.shape[-1]),
+        "works": True,
+        "cudnn_kernel": False,
+        "error": "",
+    }
     try:
         output = jax.block_until_ready(jax.jit(fn)(query, key, value))
         # Only a cuDNN request lowers to the custom call; the others are plain jnp ops.
@@ -84,23 +93,37 @@ def run_attention(implementation: str, query, key, value, *, is_causal: bool = F
     return output, record
 
 
-def attention_with_fallback(implementation: str, query, key, value, *,
-                            fallback: str = "xla", is_causal: bool = False,
-                            block_size: int = 128):
+def attention_with_fallback(
+    implementation: str,
+    query,
+    key,
+    value,
+    *,
+    fallback: str = "xla",
+    is_causal: bool = False,
+    block_size: int = 128,
+):
     """Runs `implementation`; if it refuses, runs `fallback` and says so in the record.
 
     Returns:
       (output, record): record has requested, ran, error and cudnn_kernel.
     """
-    output, record = run_attention(implementation, query, key, value,
-                                   is_causal=is_causal, block_size=block_size)
+    output, record = run_attention(
+        implementation, query, key, value, is_causal=is_causal, block_size=block_size
+    )
     ran = implementation
     if not record["works"]:
-        output, fallback_record = run_attention(fallback, query, key, value,
-                                                is_causal=is_causal, block_size=block_size)
+        output, fallback_record = run_attention(
+            fallback, query, key, value, is_causal=is_causal, block_size=block_size
+        )
         ran = fallback if fallback_record["works"] else "nothing"
-    return output, {"requested": implementation, "ran": ran, "dtype": record["dtype"],
-                    "error": record["error"], "cudnn_kernel": record["cudnn_kernel"]}
+    return output, {
+        "requested": implementation,
+        "ran": ran,
+        "dtype": record["dtype"],
+        "error": record["error"],
+        "cudnn_kernel": record["cudnn_kernel"],
+    }
 
 
 def default_cases(head_dim: int = 64) -> tuple[tuple[str, str, int], ...]:
@@ -111,14 +134,24 @@ def default_cases(head_dim: int = 64) -> tuple[tuple[str, str, int], ...]:
     (above its limit: 256 on Hopper and later, 128 before).
     """
     cases = [("naive", "float32", head_dim), ("blockwise", "float32", head_dim)]
-    cases += [(name, dtype, head_dim) for name in ("xla", "cudnn")
-              for dtype in ("float32", "bfloat16", "float16")]
+    cases += [
+        (name, dtype, head_dim)
+        for name in ("xla", "cudnn")
+        for dtype in ("float32", "bfloat16", "float16")
+    ]
     cases += [("cudnn", "bfloat16", 36), ("cudnn", "bfloat16", 320)]
     return tuple(cases)
 
 
-def implementation_report(cases=None, *, batch: int = 1, length: int = 256, heads: int = 4,
-                          fallback: str = "xla", block_size: int = 128) -> list[dict]:
+def implementation_report(
+    cases=None,
+    *,
+    batch: int = 1,
+    length: int = 256,
+    heads: int = 4,
+    fallback: str = "xla",
+    block_size: int = 128,
+) -> list[dict]:
     """Which implementations work on the current backend, one row per case.
 
     Args:
@@ -133,7 +166,8 @@ def implementation_report(cases=None, *, batch: int = 1, length: int = 256, head
     for implementation, dtype, head_dim in cases or default_cases():
         rng = np.random.default_rng(0)
         query, key, value = jnp.asarray(
-            rng.standard_normal((3, batch, length, heads, head_dim), np.float32), dtype)
+            rng.standard_normal((3, batch, length, heads, head_dim), np.float32), dtype
+        )
         _, record = run_attention(implementation, query, key, value, block_size=block_size)
         record["ran_instead"] = ""
         if not record["works"]:

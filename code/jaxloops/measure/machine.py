@@ -22,7 +22,7 @@ def describe_backend() -> str:
 
 
 def run_label() -> str:
-    """"<device> with JAX <version>": what each page says about the run that produced it."""
+    """ "<device> with JAX <version>": what each page says about the run that produced it."""
     return f"{describe_backend()} with JAX {jax.__version__}"
 
 
@@ -53,10 +53,15 @@ def gpu_facts(run=subprocess.run) -> dict[str, str]:
         header = run(["nvidia-smi"], capture_output=True, text=True, timeout=60, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
-    gpus = [[field.strip() for field in line.split(",")] for line in rows.splitlines() if line.strip()]
+    gpus = [
+        [field.strip() for field in line.split(",")] for line in rows.splitlines() if line.strip()
+    ]
     if not gpus:
         return {}
-    facts = {"gpus": "; ".join(f"{name} ({memory})" for name, _, memory in gpus), "driver": gpus[0][1]}
+    facts = {
+        "gpus": "; ".join(f"{name} ({memory})" for name, _, memory in gpus),
+        "driver": gpus[0][1],
+    }
     match = re.search(r"CUDA Version:\s*([\d.]+)", header)
     if match:
         facts["cuda_driver"] = match.group(1)  # the newest CUDA the driver supports
@@ -64,7 +69,10 @@ def gpu_facts(run=subprocess.run) -> dict[str, str]:
         from jax._src.lib import cuda_versions
 
         if cuda_versions is not None:
-            runtime, cudnn = cuda_versions.cuda_runtime_get_version(), cuda_versions.cudnn_get_version()
+            runtime, cudnn = (
+                cuda_versions.cuda_runtime_get_version(),
+                cuda_versions.cudnn_get_version(),
+            )
             facts["cuda_runtime"] = f"{runtime // 1000}.{runtime % 1000 // 10}"
             facts["cudnn"] = f"{cudnn // 10000}.{cudnn % 10000 // 100}.{cudnn % 100}"
     except Exception:  # noqa: BLE001 - an older or newer jaxlib without these functions
@@ -78,7 +86,7 @@ def machine_facts() -> dict[str, str]:
     cuDNN."""
     device = jax.devices()[0]
     facts = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "device": describe_backend(),
         "backend": jax.default_backend(),
         "device_kind": device.device_kind,

@@ -44,7 +44,7 @@ class Roofline:
         return max(flops / self.flops_per_s, bytes_moved / self.bytes_per_s)
 
     def bound(self, flops: float, bytes_moved: float) -> str:
-        """"compute" or "memory": which ceiling the prediction hits."""
+        """ "compute" or "memory": which ceiling the prediction hits."""
         return "compute" if flops / self.flops_per_s >= bytes_moved / self.bytes_per_s else "memory"
 
     @property
@@ -58,8 +58,9 @@ class Roofline:
         return (max(samples) - min(samples)) / statistics.median(samples)
 
 
-def measure_roofline(key: jax.Array, *, matmul_size: int, read_bytes: int,
-                     samples: int = 5, repeats: int = 5) -> Roofline:
+def measure_roofline(
+    key: jax.Array, *, matmul_size: int, read_bytes: int, samples: int = 5, repeats: int = 5
+) -> Roofline:
     """Measures both ceilings `samples` times, alternating, so a busy moment hits both.
 
     Args:
@@ -68,8 +69,10 @@ def measure_roofline(key: jax.Array, *, matmul_size: int, read_bytes: int,
         than the caches, so it measures memory.
     """
     if samples < 1 or matmul_size < 1 or read_bytes < 4:
-        raise ValueError(f"need samples, matmul_size >= 1 and read_bytes >= 4, got "
-                         f"{samples}, {matmul_size}, {read_bytes}")
+        raise ValueError(
+            f"need samples, matmul_size >= 1 and read_bytes >= 4, got "
+            f"{samples}, {matmul_size}, {read_bytes}"
+        )
     a_key, b_key = jax.random.split(key)
     a = jax.random.normal(a_key, (matmul_size, matmul_size), jnp.float32)
     b = jax.random.normal(b_key, (matmul_size, matmul_size), jnp.float32)
@@ -81,8 +84,15 @@ def measure_roofline(key: jax.Array, *, matmul_size: int, read_bytes: int,
     for _ in range(samples):
         flops.append(2.0 * matmul_size**3 / time_call(matmul, a, b, warmup=1, repeats=repeats))
         rates.append(big.nbytes / time_call(read, big, warmup=1, repeats=repeats))
-    return Roofline(describe_backend(), statistics.median(flops), tuple(flops),
-                    statistics.median(rates), tuple(rates), matmul_size, int(big.nbytes))
+    return Roofline(
+        describe_backend(),
+        statistics.median(flops),
+        tuple(flops),
+        statistics.median(rates),
+        tuple(rates),
+        matmul_size,
+        int(big.nbytes),
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -93,8 +103,9 @@ def _in_memory() -> Roofline:
 def _measure_default() -> Roofline:
     sizes = experiment_sizes()
     read_bytes = 256 * 2**20 if sizes.backend == "cpu" else 4 * 2**30
-    return measure_roofline(jax.random.key(0), matmul_size=sizes.measure.matmul_size,
-                            read_bytes=read_bytes)
+    return measure_roofline(
+        jax.random.key(0), matmul_size=sizes.measure.matmul_size, read_bytes=read_bytes
+    )
 
 
 def roofline() -> Roofline:

@@ -11,13 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxloops.measure.kernels import attention_fn
-from jaxloops.measure.kernels import run_attention
 from jaxloops.attention import causal_mask
 from jaxloops.kvcache import decode_attention
-from jaxloops.measure.timing import compiled_flops
-from jaxloops.measure.timing import compiled_temp_bytes
-from jaxloops.measure.timing import time_call
+from jaxloops.measure.kernels import attention_fn, run_attention
+from jaxloops.measure.timing import compiled_flops, compiled_temp_bytes, time_call
 
 MATERIALISING = ("naive", "xla")  # implementations that build the (B, N, T, S) scores
 
@@ -44,8 +41,16 @@ def reference_attention(query, key, value, *, is_causal: bool = False) -> np.nda
     return out.reshape(B, T, N, H)
 
 
-def random_qkv(key: jax.Array, *, batch: int, length: int, heads: int, head_dim: int,
-               kv_heads: int | None = None, dtype="float32"):
+def random_qkv(
+    key: jax.Array,
+    *,
+    batch: int,
+    length: int,
+    heads: int,
+    head_dim: int,
+    kv_heads: int | None = None,
+    dtype="float32",
+):
     """Standard-normal query (B, L, N, H) and key/value (B, L, K, H) in `dtype`.
 
     Drawn with NumPy seeded from `key`: jax.random would compile a new sampler for every shape
@@ -53,13 +58,24 @@ def random_qkv(key: jax.Array, *, batch: int, length: int, heads: int, head_dim:
     """
     kv_heads = heads if kv_heads is None else kv_heads
     rng = np.random.default_rng(np.asarray(jax.random.key_data(key)))
-    draw = lambda n: jnp.asarray(rng.standard_normal((batch, length, n, head_dim), np.float32),
-                                 dtype)
+    draw = lambda n: jnp.asarray(
+        rng.standard_normal((batch, length, n, head_dim), np.float32), dtype
+    )
     return draw(heads), draw(kv_heads), draw(kv_heads)
 
 
-def attention_sweep(key: jax.Array, lengths, requests, *, batch: int, heads: int, head_dim: int,
-                    block_size: int, repeats: int, materialise_max_length: int) -> list[dict]:
+def attention_sweep(
+    key: jax.Array,
+    lengths,
+    requests,
+    *,
+    batch: int,
+    heads: int,
+    head_dim: int,
+    block_size: int,
+    repeats: int,
+    materialise_max_length: int,
+) -> list[dict]:
     """Temporary bytes, FLOPs and median latency of each request at each L.
 
     Args:
@@ -78,12 +94,20 @@ def attention_sweep(key: jax.Array, lengths, requests, *, batch: int, heads: int
         for name, dtype, *causal in requests:
             is_causal = bool(causal and causal[0])
             if dtype not in qkv:
-                qkv[dtype] = random_qkv(key, batch=batch, length=length,
-                                        heads=heads, head_dim=head_dim, dtype=dtype)
+                qkv[dtype] = random_qkv(
+                    key, batch=batch, length=length, heads=heads, head_dim=head_dim, dtype=dtype
+                )
             args = qkv[dtype]
-            row = {"implementation": name, "dtype": dtype, "T": int(length),
-                   "is_causal": is_causal, "temp_bytes": None, "flops": None,
-                   "seconds": None, "error": ""}
+            row = {
+                "implementation": name,
+                "dtype": dtype,
+                "T": int(length),
+                "is_causal": is_causal,
+                "temp_bytes": None,
+                "flops": None,
+                "seconds": None,
+                "error": "",
+            }
             rows.append(row)
             fn = attention_fn(name, is_causal=is_causal, block_size=block_size)
             if name in MATERIALISING and length > materialise_max_length:
@@ -100,28 +124,43 @@ def attention_sweep(key: jax.Array, lengths, requests, *, batch: int, heads: int
             row["flops"] = None if name == "blockwise" else compiled_flops(fn, *args)
             timed.append((row, jax.jit(fn), args, []))
         for _ in range(repeats):
-            for row, fn, args, seconds in timed:
+            for _row, fn, args, seconds in timed:
                 seconds.append(time_call(fn, *args, warmup=0, repeats=1))
         for row, _, _, seconds in timed:
             row["seconds"] = statistics.median(seconds)
     return rows
 
 
-def numerics_table(key: jax.Array, implementations, dtypes, *, batch: int, length: int, heads: int,
-                   head_dim: int, block_size: int) -> list[dict]:
+def numerics_table(
+    key: jax.Array,
+    implementations,
+    dtypes,
+    *,
+    batch: int,
+    length: int,
+    heads: int,
+    head_dim: int,
+    block_size: int,
+) -> list[dict]:
     """Error of each implementation in each dtype against a float64 reference.
 
     The reference sees the same (rounded) inputs, so the error is the computation's alone.
     """
     rows = []
     for dtype in dtypes:
-        query, key, value = random_qkv(key, batch=batch, length=length,
-                                       heads=heads, head_dim=head_dim, dtype=dtype)
+        query, key, value = random_qkv(
+            key, batch=batch, length=length, heads=heads, head_dim=head_dim, dtype=dtype
+        )
         expected = reference_attention(query, key, value)
         for name in implementations:
             output, record = run_attention(name, query, key, value, block_size=block_size)
-            row = {"implementation": name, "dtype": dtype, "max_abs_error": None,
-                   "rms_error": None, "error": record["error"]}
+            row = {
+                "implementation": name,
+                "dtype": dtype,
+                "max_abs_error": None,
+                "rms_error": None,
+                "error": record["error"],
+            }
             if output is not None:
                 diff = np.asarray(output).astype(np.float64) - expected
                 row["max_abs_error"] = float(np.abs(diff).max())
@@ -130,38 +169,72 @@ def numerics_table(key: jax.Array, implementations, dtypes, *, batch: int, lengt
     return rows
 
 
-def causal_sweep(key: jax.Array, lengths, implementations, *, dtype, batch: int, heads: int, head_dim: int,
-                 block_size: int, repeats: int, materialise_max_length: int) -> list[dict]:
+def causal_sweep(
+    key: jax.Array,
+    lengths,
+    implementations,
+    *,
+    dtype,
+    batch: int,
+    heads: int,
+    head_dim: int,
+    block_size: int,
+    repeats: int,
+    materialise_max_length: int,
+) -> list[dict]:
     """Full vs causal latency of each implementation at each L, and the speedup."""
-    requests = [(name, dtype, is_causal) for name in implementations
-                for is_causal in (False, True)]
-    sweep = attention_sweep(key, lengths, requests, batch=batch, heads=heads, head_dim=head_dim,
-                            block_size=block_size, repeats=repeats,
-                            materialise_max_length=materialise_max_length)
+    requests = [(name, dtype, is_causal) for name in implementations for is_causal in (False, True)]
+    sweep = attention_sweep(
+        key,
+        lengths,
+        requests,
+        batch=batch,
+        heads=heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        repeats=repeats,
+        materialise_max_length=materialise_max_length,
+    )
     rows = []
     for full, causal in zip(sweep[0::2], sweep[1::2]):
         ran = full["seconds"] is not None and causal["seconds"] is not None
-        rows.append({
-            "implementation": full["implementation"], "dtype": dtype, "T": full["T"],
-            "full_seconds": full["seconds"], "causal_seconds": causal["seconds"],
-            "speedup": full["seconds"] / causal["seconds"] if ran else None,
-            "full_flops": full["flops"], "causal_flops": causal["flops"],
-            "error": full["error"] or causal["error"],
-        })
+        rows.append(
+            {
+                "implementation": full["implementation"],
+                "dtype": dtype,
+                "T": full["T"],
+                "full_seconds": full["seconds"],
+                "causal_seconds": causal["seconds"],
+                "speedup": full["seconds"] / causal["seconds"] if ran else None,
+                "full_flops": full["flops"],
+                "causal_flops": causal["flops"],
+                "error": full["error"] or causal["error"],
+            }
+        )
     return rows
 
 
 def random_cache(key: jax.Array, batch: int, length: int, kv_heads: int, head_dim: int, dtype):
     """A heads-major (B, K, S, H) cache of random values: 256 random slots, tiled."""
     slots = min(length, 256)
-    tile = np.random.default_rng(np.asarray(jax.random.key_data(key))).standard_normal((batch, kv_heads, slots, head_dim),
-                                                       np.float32)
+    tile = np.random.default_rng(np.asarray(jax.random.key_data(key))).standard_normal(
+        (batch, kv_heads, slots, head_dim), np.float32
+    )
     repeats = -(-length // slots)
     return jnp.tile(jnp.asarray(tile, dtype), (1, 1, repeats, 1))[:, :, :length]  # (B, K, S, H)
 
 
-def decode_sweep(key: jax.Array, cache_lengths, kv_heads, *, batch: int, heads: int, head_dim: int,
-                 dtype, repeats: int) -> list[dict]:
+def decode_sweep(
+    key: jax.Array,
+    cache_lengths,
+    kv_heads,
+    *,
+    batch: int,
+    heads: int,
+    head_dim: int,
+    dtype,
+    repeats: int,
+) -> list[dict]:
     """Latency of one decode step (T = 1 against S cached tokens) for each K and S.
 
     At each S the timed calls of the K values alternate (after one warm-up each).
@@ -172,14 +245,19 @@ def decode_sweep(key: jax.Array, cache_lengths, kv_heads, *, batch: int, heads: 
     """
     rows = []
     step = jax.jit(decode_attention)
-    query = random_qkv(key, batch=batch, length=1, heads=heads, head_dim=head_dim,
-                       dtype=dtype)[0]  # (B, 1, N, H)
+    query = random_qkv(key, batch=batch, length=1, heads=heads, head_dim=head_dim, dtype=dtype)[
+        0
+    ]  # (B, 1, N, H)
     for length in cache_lengths:
-        caches = {kv: (random_cache(jax.random.fold_in(key, 1), batch, length, kv, head_dim, dtype),
-                       random_cache(jax.random.fold_in(key, 2), batch, length, kv, head_dim, dtype))
-                  for kv in kv_heads}  # (B, K, S, H) each
+        caches = {
+            kv: (
+                random_cache(jax.random.fold_in(key, 1), batch, length, kv, head_dim, dtype),
+                random_cache(jax.random.fold_in(key, 2), batch, length, kv, head_dim, dtype),
+            )
+            for kv in kv_heads
+        }  # (B, K, S, H) each
         seconds = {kv: [] for kv in kv_heads}
-        for kv, cache in caches.items():
+        for cache in caches.values():
             jax.block_until_ready(step(query, *cache, length))  # compile and warm up
         for _ in range(repeats):
             for kv, cache in caches.items():
@@ -187,9 +265,16 @@ def decode_sweep(key: jax.Array, cache_lengths, kv_heads, *, batch: int, heads: 
         for kv, (cache_key, cache_value) in caches.items():
             median = statistics.median(seconds[kv])
             cache_bytes = cache_key.nbytes + cache_value.nbytes
-            rows.append({"K": int(kv), "S": int(length), "seconds": median,
-                         "cache_bytes": int(cache_bytes), "bytes_per_second": cache_bytes / median,
-                         "flops": 4 * batch * heads * length * head_dim})
+            rows.append(
+                {
+                    "K": int(kv),
+                    "S": int(length),
+                    "seconds": median,
+                    "cache_bytes": int(cache_bytes),
+                    "bytes_per_second": cache_bytes / median,
+                    "flops": 4 * batch * heads * length * head_dim,
+                }
+            )
         del caches
     return rows
 
@@ -208,6 +293,7 @@ def markdown_table(rows, columns: dict) -> str:
       rows: dicts, e.g. from a sweep above.
       columns: {row key: header}; floats are shown with 3 significant digits, None as "—".
     """
+
     def cell(value):
         if value is None or value == "":
             return "—"

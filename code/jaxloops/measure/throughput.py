@@ -7,7 +7,9 @@ from jaxloops.loop import make_epoch, python_loop, unstack
 from jaxloops.measure.timing import time_call
 
 
-def random_batches(key: jax.Array, steps: int, batch_size: int, num_features: int, num_classes: int) -> Batch:
+def random_batches(
+    key: jax.Array, steps: int, batch_size: int, num_features: int, num_classes: int
+) -> Batch:
     """Synthetic batches (steps, B, F_in) / (steps, B): throughput does not depend on the values."""
     x_key, y_key = jax.random.split(key)
     x = jax.random.normal(x_key, (steps, batch_size, num_features))
@@ -15,8 +17,9 @@ def random_batches(key: jax.Array, steps: int, batch_size: int, num_features: in
     return Batch(x, y)
 
 
-def compare_loops(train_step, params, opt_state, batches: Batch, log_every: int, repeats: int,
-                  eager_steps: int) -> dict[str, float]:
+def compare_loops(
+    train_step, params, opt_state, batches: Batch, log_every: int, repeats: int, eager_steps: int
+) -> dict[str, float]:
     """Steps per second of four drivers of the same pure `train_step`, measured in one run.
 
     Args:
@@ -33,13 +36,21 @@ def compare_loops(train_step, params, opt_state, batches: Batch, log_every: int,
     # Each driver returns its final params so time_call waits for all of its work.
     drivers = {
         "eager step, loss to host every step": (
-            lambda: python_loop(train_step, params, opt_state, as_list[:eager_steps], 1)[0], eager_steps),
+            lambda: python_loop(train_step, params, opt_state, as_list[:eager_steps], 1)[0],
+            eager_steps,
+        ),
         "jitted step, loss to host every step": (
-            lambda: python_loop(jitted, params, opt_state, as_list, 1)[0], steps),
+            lambda: python_loop(jitted, params, opt_state, as_list, 1)[0],
+            steps,
+        ),
         f"jitted step, loss to host every {log_every} steps": (
-            lambda: python_loop(jitted, params, opt_state, as_list, log_every)[0], steps),
+            lambda: python_loop(jitted, params, opt_state, as_list, log_every)[0],
+            steps,
+        ),
         "lax.scan over the epoch, metrics stay on device": (
-            lambda: epoch(params, opt_state, batches)[0], steps),
+            lambda: epoch(params, opt_state, batches)[0],
+            steps,
+        ),
     }
     rates = {}
     for name, (run, n) in drivers.items():
@@ -48,7 +59,9 @@ def compare_loops(train_step, params, opt_state, batches: Batch, log_every: int,
     return rates
 
 
-def scan_throughput(train_step, params, opt_state, batches: Batch, repeats: int) -> dict[str, float]:
+def scan_throughput(
+    train_step, params, opt_state, batches: Batch, repeats: int
+) -> dict[str, float]:
     """Steps/s and FLOP/s of the scanned epoch, compiled once.
 
     FLOPs per step come from XLA's cost analysis of the compiled epoch, which counts a loop

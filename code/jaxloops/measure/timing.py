@@ -4,7 +4,8 @@ import contextlib
 import dataclasses
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -109,5 +110,8 @@ def matmul_throughput(key: jax.Array, size: int, dtype=jnp.float32, repeats: int
 
 def allocated_bytes(tree) -> int:
     """Bytes the device buffers of every array in `tree` really occupy."""
-    return sum(shard.data.on_device_size_in_bytes()
-               for leaf in jax.tree.leaves(tree) for shard in leaf.addressable_shards)
+    return sum(
+        shard.data.on_device_size_in_bytes()
+        for leaf in jax.tree.leaves(tree)
+        for shard in leaf.addressable_shards
+    )

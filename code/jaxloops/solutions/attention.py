@@ -9,12 +9,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxloops.attention import attention
-from jaxloops.attention import causal_mask
-from jaxloops.attention import masked_fill_value
+from jaxloops.attention import attention, causal_mask, masked_fill_value
 from jaxloops.generation import init_cache
-from jaxloops.kvcache import check_decode_shapes
-from jaxloops.kvcache import kv_cache_bytes
+from jaxloops.kvcache import check_decode_shapes, kv_cache_bytes
 from jaxloops.transformer import cached_logits
 
 
@@ -81,8 +78,10 @@ def split_kv_attention(query, key, value, split: int):
     S = key.shape[1]
     if not 0 < split < S:
         raise ValueError(f"split {split} must be in [1, {S - 1}] (the keys are {S})")
-    _, l, o = merge_partials(partial_attention(query, key[:, :split], value[:, :split]),
-                             partial_attention(query, key[:, split:], value[:, split:]))
+    _, l, o = merge_partials(
+        partial_attention(query, key[:, :split], value[:, :split]),
+        partial_attention(query, key[:, split:], value[:, split:]),
+    )
     out = o / l[..., None]  # (B, K, G, T, H)
     B, K, G, T, H = out.shape
     return out.transpose(0, 3, 1, 2, 4).reshape(B, T, K * G, H)  # (B, T, N, H)
@@ -100,14 +99,14 @@ def chunked_causal_attention(query, key, value, chunk: int):
         raise ValueError(f"need T == S and chunk >= 1, got T={T}, S={S}, chunk={chunk}")
     outs = []
     for start in range(0, T, chunk):
-        block = query[:, start:start + chunk]  # (B, C, N, H), C = chunk except at the end
+        block = query[:, start : start + chunk]  # (B, C, N, H), C = chunk except at the end
         mask = causal_mask(block.shape[1], S, offset=start)  # (C, S)
         outs.append(attention(block, key, value, mask=mask))
     return jnp.concatenate(outs, axis=1)  # (B, T, N, H)
 
 
 def sliding_window_mask(T: int, S: int, window: int, *, offset: int = 0):
-    """Boolean (T, S): query t attends to the `window` keys s with t + offset - window < s <= t + offset."""
+    """Boolean (T, S): query t sees the `window` keys s, t + offset - window < s <= t + offset."""
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     position = jnp.arange(T)[:, None] + offset  # (T, 1): where each query sits among the keys
@@ -116,16 +115,31 @@ def sliding_window_mask(T: int, S: int, window: int, *, offset: int = 0):
 
 
 # Chapter 10.
-def max_kv_heads(budget_bytes: int, *, layers: int, heads: int, head_dim: int, length: int,
-                 batch: int, bytes_per_element: int) -> int:
+def max_kv_heads(
+    budget_bytes: int,
+    *,
+    layers: int,
+    heads: int,
+    head_dim: int,
+    length: int,
+    batch: int,
+    bytes_per_element: int,
+) -> int:
     """The largest K dividing N whose KV cache (`kv_cache_bytes`) fits in `budget_bytes`."""
-    shape = dict(layers=layers, head_dim=head_dim, length=length, batch=batch,
-                 bytes_per_element=bytes_per_element)
+    shape = dict(
+        layers=layers,
+        head_dim=head_dim,
+        length=length,
+        batch=batch,
+        bytes_per_element=bytes_per_element,
+    )
     for kv_heads in sorted((k for k in range(1, heads + 1) if heads % k == 0), reverse=True):
         if kv_cache_bytes(kv_heads=kv_heads, **shape) <= budget_bytes:
             return kv_heads
-    raise ValueError(f"even K = 1 needs {kv_cache_bytes(kv_heads=1, **shape):,d} bytes, "
-                     f"more than the budget of {budget_bytes:,d}")
+    raise ValueError(
+        f"even K = 1 needs {kv_cache_bytes(kv_heads=1, **shape):,d} bytes, "
+        f"more than the budget of {budget_bytes:,d}"
+    )
 
 
 def ragged_decode_attention(query, cache_key, cache_value, lengths):
@@ -138,8 +152,9 @@ def ragged_decode_attention(query, cache_key, cache_value, lengths):
     """
     B, N, K, S, H = check_decode_shapes(query, cache_key, cache_value)
     query_BKGH = query.reshape(B, K, N // K, H)  # (B, K, G, H)
-    scores = jnp.einsum("BKGH,BKSH->BKGS", query_BKGH, cache_key,
-                        preferred_element_type=jnp.float32) / math.sqrt(H)  # (B, K, G, S)
+    scores = jnp.einsum(
+        "BKGH,BKSH->BKGS", query_BKGH, cache_key, preferred_element_type=jnp.float32
+    ) / math.sqrt(H)  # (B, K, G, S)
     filled = jnp.arange(S)[None, :] < jnp.asarray(lengths)[:, None]  # (B, S): one length per row
     scores = jnp.where(filled[:, None, None, :], scores, masked_fill_value(jnp.float32))
     weights = jax.nn.softmax(scores, axis=-1)  # (B, K, G, S)
@@ -170,6 +185,8 @@ def incremental_logits(params, tokens, *, prefill: int):
     logits, cache = cached_logits(params, tokens[:, :prefill], init_cache(params, B, T), 0)
     steps = [logits]  # (B, P, V)
     for position in range(prefill, T):
-        step_logits, cache = cached_logits(params, tokens[:, position:position + 1], cache, position)
+        step_logits, cache = cached_logits(
+            params, tokens[:, position : position + 1], cache, position
+        )
         steps.append(step_logits)  # (B, 1, V)
     return jnp.concatenate(steps, axis=1)  # (B, T, V)

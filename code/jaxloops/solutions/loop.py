@@ -1,4 +1,4 @@
-"""Solutions to the chapters' exercises whose answer is code; tests/test_exercises.py checks each."""
+"""Answers to the exercises of chapters 1-7; tests/test_solutions_loop.py checks each."""
 
 import math
 
@@ -8,7 +8,6 @@ import numpy as np
 import optax
 
 from jaxloops.data import Batch, epoch_batches
-from jaxloops.losses import cross_entropy
 from jaxloops.train import decay_mask, make_optimizer
 
 
@@ -52,13 +51,17 @@ def mlp_parameter_count(sizes) -> int:
     return sum(fan_in * fan_out + fan_out for fan_in, fan_out in zip(sizes[:-1], sizes[1:]))
 
 
-def label_smoothed_cross_entropy(logits: jax.Array, labels: jax.Array, smoothing: float) -> jax.Array:
+def label_smoothed_cross_entropy(
+    logits: jax.Array, labels: jax.Array, smoothing: float
+) -> jax.Array:
     """Mean cross-entropy (B, C), (B,) -> () against targets (1 - s) one_hot + s / C, stably."""
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
     num_classes = logits.shape[-1]
     log_probs = logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)  # (B, C)
-    targets = (1.0 - smoothing) * jax.nn.one_hot(labels, num_classes) + smoothing / num_classes  # (B, C)
+    targets = (1.0 - smoothing) * jax.nn.one_hot(
+        labels, num_classes
+    ) + smoothing / num_classes  # (B, C)
     return -(targets * log_probs).sum(axis=-1).mean()
 
 
@@ -81,11 +84,20 @@ def momentum_update(params, grads, velocity, learning_rate: float, momentum: flo
 
 
 # Chapter 5.
-def adamw_update(params, grads, state, learning_rate: float, weight_decay: float,
-                 b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8):
-    """One AdamW step by hand, decaying weight matrices only (the rule `make_optimizer` asks optax for).
+def adamw_update(
+    params,
+    grads,
+    state,
+    learning_rate: float,
+    weight_decay: float,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+):
+    """One AdamW step by hand, decaying weight matrices only (`make_optimizer`'s rule).
 
-    m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2;  m_hat = m / (1 - b1^t);  v_hat = v / (1 - b2^t)
+    m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2;
+    m_hat = m / (1 - b1^t);  v_hat = v / (1 - b2^t)
     p <- p - lr (m_hat / (sqrt(v_hat) + eps) + wd * mask * p)
 
     Args:
@@ -107,10 +119,12 @@ def adamw_update(params, grads, state, learning_rate: float, weight_decay: float
 
 
 def make_clipped_optimizer(learning_rate: float, weight_decay: float, max_norm: float):
-    """`make_optimizer`'s AdamW, after scaling gradients down to a global norm of at most `max_norm`."""
+    """`make_optimizer`'s AdamW, after scaling gradients down to a global norm <= `max_norm`."""
     if max_norm <= 0:
         raise ValueError(f"max_norm must be > 0, got {max_norm}")
-    return optax.chain(optax.clip_by_global_norm(max_norm), make_optimizer(learning_rate, weight_decay))
+    return optax.chain(
+        optax.clip_by_global_norm(max_norm), make_optimizer(learning_rate, weight_decay)
+    )
 
 
 # Chapter 6.
@@ -126,7 +140,9 @@ def make_accumulating_train_step(loss_fn, optimizer, num_micro: int):
         size = batch.x.shape[0]
         if size % num_micro:
             raise ValueError(f"batch of {size} does not split into {num_micro} equal micro-batches")
-        micro = jax.tree.map(lambda a: a.reshape(num_micro, size // num_micro, *a.shape[1:]), batch)  # (B, ...) -> (M, B/M, ...)
+        micro = jax.tree.map(
+            lambda a: a.reshape(num_micro, size // num_micro, *a.shape[1:]), batch
+        )  # (B, ...) -> (M, B/M, ...)
 
         def body(grad_sum, micro_batch):
             (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, micro_batch)
