@@ -148,12 +148,12 @@ def numerics_table(
     """
     rows = []
     for dtype in dtypes:
-        query, key, value = random_qkv(
+        qkv = random_qkv(
             key, batch=batch, length=length, heads=heads, head_dim=head_dim, dtype=dtype
-        )
-        expected = reference_attention(query, key, value)
+        )  # query, key, value: the PRNG `key` must not be shadowed by the attention key
+        expected = reference_attention(*qkv)
         for name in implementations:
-            output, record = run_attention(name, query, key, value, block_size=block_size)
+            output, record = run_attention(name, *qkv, block_size=block_size)
             row = {
                 "implementation": name,
                 "dtype": dtype,
