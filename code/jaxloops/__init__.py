@@ -6,6 +6,9 @@ Notation, used in every einsum, shape comment and suffix:
   N query heads, K key/value heads, G = N // K, H head dim, V vocabulary,
   C classes, L layers.
 
+Local letters: P prompt length, M micro-batches, Tb / Sb query / key block lengths, Tc a
+chunk's length, nT / nS numbers of blocks. L is never a length.
+
 Where things live:
 
   jaxloops            the concepts a reader uses: data, models, losses, gradients, the train
@@ -33,6 +36,7 @@ from jaxloops.data import Batch, Split, epoch_batches, load_digits_split, ragged
 from jaxloops.evaluate import (
     EvalBatches,
     accuracy_from_confusion,
+    checked_confusion_matrix,
     confusion_matrix,
     evaluate,
     most_confused,
@@ -49,7 +53,7 @@ from jaxloops.kvcache import (
     kv_cache_bytes,
 )
 from jaxloops.loop import fit, make_epoch, python_loop, unstack
-from jaxloops.losses import accuracy, cross_entropy
+from jaxloops.losses import accuracy, checked_cross_entropy, cross_entropy
 from jaxloops.mlp import init_mlp, mlp_logits, mlp_loss
 from jaxloops.text import (
     Corpus,
@@ -83,6 +87,8 @@ __all__ = (
     "check_attention_shapes",
     "confusion_matrix",
     "Corpus",
+    "checked_confusion_matrix",
+    "checked_cross_entropy",
     "cross_entropy",
     "decay_mask",
     "decode_attention",
