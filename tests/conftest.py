@@ -7,9 +7,36 @@ os.environ["XLA_FLAGS"] = " ".join(
 )
 
 import jax
+import numpy as np
 import pytest
 
 import jaxloops
+
+# Shared by the test modules (`from conftest import normal, SMALL_TRANSFORMER`): one copy.
+
+
+def normal(shape, seed=0, dtype=np.float32):
+    """Standard-normal test data from NumPy (no sampler to compile per shape)."""
+    return np.random.default_rng(seed).standard_normal(shape, np.float32).astype(dtype)
+
+
+# A small transformer with distinct sizes, so a transposed axis cannot pass by accident:
+# V 13, L 2, D 30, N 10, K 5 (G = 2), H 3, F 21, max_len 11.
+SMALL_TRANSFORMER = jaxloops.TransformerConfig(
+    vocab_size=13,
+    num_layers=2,
+    model_dim=30,
+    num_heads=10,
+    num_kv_heads=5,
+    hidden_dim=21,
+    max_len=11,
+)
+
+
+@pytest.fixture(scope="session")
+def small_transformer():
+    """Parameters of SMALL_TRANSFORMER (initialised once for the whole session)."""
+    return jaxloops.init_transformer(jax.random.key(1), SMALL_TRANSFORMER)
 
 
 @pytest.fixture(scope="session")
