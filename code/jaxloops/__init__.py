@@ -22,11 +22,13 @@ Two rules, applied everywhere:
   Keys. A PRNG key is always an explicit argument, and always the first one
   (`init_mlp(key, sizes)`, `generate(key, params, prompt, ...)`,
   `random_qkv(key, ...)`); nothing takes an integer seed or keeps random state.
-  jit. A function a reader calls on arrays from the top level is jitted where it is defined
-  (`init_*`, `epoch_batches`, `attention`, `blockwise_attention`, `generate`); a building
-  block that only runs inside another program (`mlp_logits`, `attention_weights`,
-  `decode_step`) is not; a train step is built plain by `make_train_step`, and the driver
-  that runs it (`fit`, or the reader) applies `jax.jit`, so it decides donation.
+  jit. A function with static configuration among its arguments (sizes, flags, a block size,
+  a number of steps) is jitted where it is defined, with those arguments static: `init_mlp`,
+  `init_transformer`, `epoch_batches`, `attention`, `blockwise_attention`, `generate`; a
+  reader never has to know which arguments are static. Pure functions of arrays (models,
+  losses, `attention_weights`, `decode_step`) are left plain, for the caller to jit or to
+  compose into a larger program; a train step is built plain by `make_train_step`, and the
+  driver that runs it (`fit`, or the reader) applies `jax.jit` and decides donation.
 """
 
 from jaxloops.attention import attention, attention_weights, causal_mask, check_attention_shapes

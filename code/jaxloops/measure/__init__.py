@@ -32,6 +32,8 @@ from jaxloops.measure.timing import (
     time_dispatch,
 )
 
+from jaxloops.measure import gpu_report  # noqa: E402  (a module: measure.gpu_report.sidebar)
+
 __all__ = (
     "allocated_bytes",
     "attention_fn",
@@ -49,8 +51,8 @@ __all__ = (
     "implementation_report",
     "machine_facts",
     "markdown_table",
-    "measure_roofline",
     "matmul_throughput",
+    "measure_roofline",
     "numerics_table",
     "random_batches",
     "random_cache",
