@@ -12,6 +12,11 @@ import pytest
 
 import jaxloops
 
+# Float32 means float32: on NVIDIA GPUs JAX's DEFAULT precision multiplies float32 matrices in
+# TF32 (10-bit mantissa), which would fail every comparison with a float32 or float64
+# reference. tests/test_measure_published.py shows where TF32 or bfloat16 would differ.
+jax.config.update("jax_default_matmul_precision", "highest")
+
 # Shared by the test modules (`from conftest import normal, SMALL_TRANSFORMER`): one copy.
 
 
