@@ -12,22 +12,71 @@ from jaxloops.measure import gpu_report  # noqa: E402
 SAMPLE = pathlib.Path(__file__).parent / "data" / "gpu_results_sample.json"
 
 
+def sample():
+    return json.loads(SAMPLE.read_text())
+
+
 def test_missing_file_means_no_recorded_run(tmp_path):
     assert gpu_report.load_results(tmp_path / "absent.json") is None
     assert "no GPU run" in gpu_report.label(None)
     assert "No GPU run is recorded" in gpu_report.sidebar(None, "mlp")
 
 
-def test_sample_file_renders_goals_with_the_right_arithmetic():
-    results = gpu_report.load_results(SAMPLE)
-    goals = {row["goal"]: row for row in gpu_report.goals(results)}
-    # 4*B*N*T*S*H / s / bf16 ceiling = 4*4*8*8192^2*128 / 0.0012 / 6e14
-    fraction = 4 * 4 * 8 * 8192**2 * 128 / 0.0012 / 6.0e14
-    cudnn_goal = goals["cuDNN attention, T = S = 8192, bf16: ≥ 50 % of bf16 matmul FLOP/s"]
-    assert cudnn_goal["measured"] == f"{100 * fraction:.1f} %"
-    assert cudnn_goal["met"] is (fraction >= 0.5)
-    assert goals["cuDNN attention, T = S = 8192, bf16: ≥ 10× naive"]["measured"] == "16.7×"
-    assert goals["strict book build on the GPU (reported)"]["measured"] == "200 s"
+def test_goals_follow_the_roofline_of_the_measured_ceilings():
+    # SAMPLE GPU has no published figures: the goals use the run's own ceilings, and say so.
+    goals = gpu_report.goals(gpu_report.load_results(SAMPLE))
+    fraction_goal, speedup_goal = goals[0], goals[1]
+    assert "measured by this run" in fraction_goal["goal"]
+    # B = 4, N = 8, T = S = 8192, H = 128; bf16 ceiling 6e14 FLOP/s, bandwidth 3e12 B/s.
+    flops = 4 * 4 * 8 * 8192 * 8192 * 128
+    fused_bytes = 4 * 4 * 8192 * 8 * 128 * 2  # Q, K, V read and O written, 2 bytes each
+    scores_bytes = 2 * 4 * 8 * 8192 * 8192 * 2  # naive writes and reads the scores once
+    cudnn = max(flops / 6e14, fused_bytes / 3e12)
+    naive = max(flops / 6e14, (fused_bytes + scores_bytes) / 3e12)
+    assert fraction_goal["measured"].startswith(f"{100 * cudnn / 0.003:.1f} %")
+    assert fraction_goal["met"] is (cudnn / 0.003 >= 0.5)
+    assert speedup_goal["measured"] == f"{0.02 / 0.003:.1f}× (predicted {naive / cudnn:.1f}×)"
+    assert speedup_goal["met"] is (0.02 / 0.003 >= naive / cudnn / 2)
+    assert goals[-1]["measured"] == "ok in 200 s"
+
+
+def test_goals_use_published_figures_for_a_listed_board():
+    results = sample()
+    results["facts"]["device_kind"] = "NVIDIA H200"
+    fraction_goal = gpu_report.goals(results)[0]
+    assert "published: NVIDIA H200 SXM" in fraction_goal["goal"]
+    flops = 4 * 4 * 8 * 8192 * 8192 * 128
+    assert fraction_goal["measured"].startswith(f"{100 * flops / 989.5e12 / 0.003:.1f} %")
+    table = {row["ceiling"]: row for row in gpu_report.ceiling_rows(results)}
+    assert table["float32 in TF32"]["of published"] == f"{100 * 3e14 / 494.5e12:.0f} %"
+    assert table["memory read (bytes/s)"]["published"] == 4.8e12
+
+
+def test_a_missing_row_is_reported_with_its_reason():
+    results = sample()
+    results["attention"] = [r for r in results["attention"] if r["implementation"] != "cudnn"]
+    results["attention"].append(
+        {"implementation": "cudnn", "dtype": "bfloat16", "T": 8192, "seconds": None,
+         "error": "XlaRuntimeError: RESOURCE_EXHAUSTED"}
+    )  # fmt: skip
+    goals = gpu_report.goals(results)
+    assert goals[0]["measured"] == "not measured: XlaRuntimeError: RESOURCE_EXHAUSTED"
+    assert goals[0]["met"] is False and goals[1]["met"] is False
+
+
+def test_check_run_lists_every_problem():
+    results = sample()
+    assert gpu_report.check_run(results) == []
+    results["stages"]["book"] = {"status": "timeout", "seconds": 210.0, "detail": "exit 124"}
+    del results["stages"]["rest"]
+    results["attention"][0]["shortest_sample_seconds"] = 1e-4  # under half of the 1 ms floor
+    results["failures"].append({"where": "ceiling bf16", "error": "XlaRuntimeError: boom"})
+    assert gpu_report.check_run(results) == [
+        "stage 'rest' has no record",
+        "stage 'book': timeout: exit 124",
+        "attention row naive bfloat16 8192 False: a sample of 0.0001 s",
+        "failure in ceiling bf16: XlaRuntimeError: boom",
+    ]
 
 
 def test_sidebars_and_plot_show_the_recorded_rows():
@@ -47,7 +96,7 @@ def test_sidebars_and_plot_show_the_recorded_rows():
 
 
 def test_bad_results_files_are_refused_with_what_is_wrong(tmp_path):
-    results = json.loads(SAMPLE.read_text())
+    results = sample()
     del results["mlp"]
     path = tmp_path / "r.json"
     path.write_text(json.dumps(results))
@@ -56,20 +105,23 @@ def test_bad_results_files_are_refused_with_what_is_wrong(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         gpu_report.load_results(path)
-    results = json.loads(SAMPLE.read_text())
-    results["facts"]["tiny"] = True
-    with pytest.raises(ValueError, match="--tiny pipeline check"):
+    results = sample()
+    results["facts"]["rehearsal"] = True
+    with pytest.raises(ValueError, match="--rehearse pipeline check"):
+        gpu_report.check_results(results)
+    results = sample()
+    results["stages"]["book"]["status"] = "finished"
+    with pytest.raises(ValueError, match="stage 'book' has status 'finished'"):
         gpu_report.check_results(results)
     with pytest.raises(ValueError, match="rows_for"):
-        gpu_report.sidebar(json.loads(SAMPLE.read_text()), "transformer")
+        gpu_report.sidebar(sample(), "transformer")
 
 
-def test_attention_flops_formula():
-    assert (
-        gpu_report.attention_flops(batch=3, heads=5, length=7, head_dim=11, is_causal=False)
-        == 4 * 3 * 5 * 7 * 7 * 11
-    )
-    assert (
-        gpu_report.attention_flops(batch=3, heads=5, length=7, head_dim=11, is_causal=True)
-        == 2 * 3 * 5 * 7 * 7 * 11
-    )
+def test_attention_flops_and_bytes_formulas():
+    shape = dict(batch=3, heads=5, length=7, head_dim=11)
+    assert gpu_report.attention_flops(**shape, is_causal=False) == 4 * 3 * 5 * 7 * 7 * 11
+    assert gpu_report.attention_flops(**shape, is_causal=True) == 2 * 3 * 5 * 7 * 7 * 11
+    fused = gpu_report.attention_bytes(**shape, itemsize=2, materialised=False)
+    assert fused == 4 * 3 * 7 * 5 * 11 * 2
+    unfused = gpu_report.attention_bytes(**shape, itemsize=2, materialised=True)
+    assert unfused == fused + 2 * 3 * 5 * 7 * 7 * 2

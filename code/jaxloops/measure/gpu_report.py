@@ -7,24 +7,46 @@ build's own figures, labelled with the device and date it was measured on.
 import json
 import pathlib
 
+from jaxloops.measure.published import PublishedPeaks, published_peaks
 from jaxloops.measure.sweeps import markdown_table
 
-# Top-level sections every results file must have, and what each holds.
+# Top-level sections every results file must have, and what each holds. A run writes the
+# file after every stage, so a section may be empty where a stage timed out or failed.
 RESULT_SECTIONS = {
-    "facts": "device, driver, CUDA/cuDNN and package versions, date",
-    "matmul": "measured matmul FLOP/s per dtype",
-    "attention": "attention sweep rows (implementation, dtype, L, seconds, ...)",
+    "facts": "device, driver, CUDA/cuDNN and package versions, date, rehearsal or not",
+    "plan": "the sizes the run used (lengths, goal length, B, N, H, ...) and the timing floor",
+    "stages": "each stage's status (ok, failed, timeout, skipped, pending), seconds and detail",
+    "implementations": "which attention implementations work, one row per case",
+    "ceilings": "measured matmul FLOP/s at f32 (HIGHEST), TF32 (DEFAULT) and bf16",
+    "bandwidth": "measured memory read bytes/s",
+    "attention": "attention sweep rows (implementation, dtype, T, seconds, ...)",
     "causal": "causal vs full attention rows",
-    "mlp": "device-loop throughput rows of the MLP at large batch",
-    "build": "test and book-build wall times in seconds",
+    "mlp": "device-loop throughput rows of the MLP at large batch (float32, HIGHEST)",
 }
 
+# The stages of scripts/gpu_run.sh, most valuable first, with what each does.
+STAGES = {
+    "setup": "the Python with JAX that sees the GPU, and the book's build tools",
+    "first": "implementation report, matmul ceilings, cuDNN bf16 sweep and the goal points",
+    "book": "the strict book build on the GPU",
+    "tests": "the test suite on the GPU",
+    "rest": "the rest of the attention sweep, causal sweep, MLP throughput, plot",
+}
+STATUSES = ("ok", "failed", "timeout", "skipped", "pending")
 
-def check_results(results: dict, *, allow_tiny: bool = False) -> dict:
+# A goal is met within this factor of the roofline's prediction: at least half the
+# predicted throughput, at least half the predicted speedup.
+ROOFLINE_TOLERANCE = 2.0
+# Passes over the (B, N, T, S) scores that any unfused attention makes at least: it writes
+# them once and reads them once.
+SCORE_PASSES = 2
+
+
+def check_results(results: dict, *, allow_rehearsal: bool = False) -> dict:
     """Raises ValueError naming what a results file lacks; returns it unchanged otherwise.
 
     Args:
-      allow_tiny: accept a --tiny pipeline check (the book never does).
+      allow_rehearsal: accept a CPU rehearsal (`--rehearse`); the book never does.
     """
     if not isinstance(results, dict):
         raise ValueError(f"a results file holds a JSON object, not {type(results).__name__}")
@@ -36,9 +58,40 @@ def check_results(results: dict, *, allow_tiny: bool = False) -> dict:
     for key in ("date", "device_kind", "backend"):
         if key not in results["facts"]:
             raise ValueError(f"results file's facts lack {key!r}")
-    if results["facts"].get("tiny") and not allow_tiny:
-        raise ValueError("this results file is a --tiny pipeline check, not a GPU measurement")
+    if results["facts"].get("rehearsal") and not allow_rehearsal:
+        raise ValueError("this results file is a --rehearse pipeline check, not a GPU measurement")
+    for name, stage in results["stages"].items():
+        if stage.get("status") not in STATUSES:
+            status = stage.get("status")
+            raise ValueError(f"stage {name!r} has status {status!r}; expected one of {STATUSES}")
     return results
+
+
+def check_run(results: dict) -> list[str]:
+    """What went wrong in a run: stages missing, not ok (and not skipped), timed rows whose
+    shortest sample is under half the timing floor, and every recorded failure.
+
+    Returns:
+      One line per problem; [] for a clean run.
+    """
+    check_results(results, allow_rehearsal=True)
+    problems = [f"stage {name!r} has no record" for name in STAGES if name not in results["stages"]]
+    for name, stage in results["stages"].items():
+        if stage["status"] not in ("ok", "skipped"):
+            problems.append(f"stage {name!r}: {stage['status']}: {stage.get('detail', '')}")
+    floor = results["plan"].get("min_sample_seconds", 0.0)
+    for section in ("ceilings", "attention"):
+        for row in results[section]:
+            shortest = row.get("shortest_sample_seconds")
+            if shortest is not None and shortest < floor / 2:
+                problems.append(f"{section} row {_row_name(row)}: a sample of {shortest:.2g} s")
+    problems += [f"failure in {f['where']}: {f['error']}" for f in results.get("failures", [])]
+    return problems
+
+
+def _row_name(row: dict) -> str:
+    keys = ("implementation", "name", "dtype", "T", "is_causal")
+    return " ".join(str(row[k]) for k in keys if k in row)
 
 
 # Where a recorded GPU run is committed: results/gpu/results.json at the repository root.
@@ -68,74 +121,158 @@ def attention_flops(
     return flops / 2 if is_causal else flops
 
 
-def goals(results: dict) -> list[dict]:
-    """The GPU goals of the book, each with the measured value and whether it was met."""
-    check_results(results, allow_tiny=True)
+def attention_bytes(
+    *, batch: int, heads: int, length: int, head_dim: int, itemsize: int, materialised: bool
+) -> float:
+    """Bytes attention must move at T = S: Q, K and V read and O written (4·B·T·N·H items);
+    an implementation that materialises the (B, N, T, S) scores also writes and reads them
+    (SCORE_PASSES passes)."""
+    items = 4.0 * batch * length * heads * head_dim
+    if materialised:
+        items += SCORE_PASSES * batch * heads * length * length
+    return items * itemsize
+
+
+def ceiling(results: dict, name: str) -> float | None:
+    """Measured FLOP/s of ceiling "f32", "tf32" or "bf16"; None if it was not measured."""
+    for row in results["ceilings"]:
+        if row["name"] == name and row.get("flops_per_s"):
+            return row["flops_per_s"]
+    return None
+
+
+def roofline_for_goals(results: dict) -> tuple[PublishedPeaks | None, str]:
+    """The roofline the goals use, and its label: the device's published figures where this
+    package lists the board, else the run's own measured ceilings (None if those are absent)."""
+    kind = results["facts"]["device_kind"]
+    peaks = published_peaks(kind)
+    if peaks is not None:
+        return peaks, f"published: {peaks.board}, {peaks.source}"
+    flops = {name: ceiling(results, name) for name in ("f32", "tf32", "bf16")}
+    bandwidth = results["bandwidth"].get("bytes_per_s")
+    if not all(flops.values()) or not bandwidth:
+        return None, f"no published figures for {kind!r} and no measured ceilings"
+    measured = PublishedPeaks(
+        kind,
+        f32_flops_per_s=flops["f32"],
+        tf32_flops_per_s=flops["tf32"],
+        bf16_flops_per_s=flops["bf16"],
+        hbm_bytes_per_s=bandwidth,
+        source="measured by this run",
+    )
+    return measured, f"measured by this run (no published figures for {kind!r})"
+
+
+def ceiling_rows(results: dict) -> list[dict]:
+    """The ceiling table: each measured matmul precision and the read bandwidth, next to the
+    device's published figure (None where none is listed)."""
+    peaks = published_peaks(results["facts"]["device_kind"])
     rows = []
-    config = results.get("attention_config", {})
-    by_key = {(r["implementation"], r["dtype"], r["T"]): r for r in results["attention"]}
-    cudnn = by_key.get(("cudnn", "bfloat16", 8192))
-    naive = by_key.get(("naive", "bfloat16", 8192))
-    bf16_ceiling = results["matmul"].get("bfloat16")
-    if cudnn and cudnn.get("seconds") and bf16_ceiling and config:
-        flops = attention_flops(
-            batch=config["batch"],
-            heads=config["heads"],
-            length=8192,
-            head_dim=config["head_dim"],
-            is_causal=False,
+    for row in results["ceilings"]:
+        published = peaks.flops_per_s(row["name"]) if peaks else None
+        rows.append(_ceiling_row(row["label"], row.get("flops_per_s"), published, row))
+    bandwidth = results["bandwidth"]
+    if bandwidth:
+        published = peaks.hbm_bytes_per_s if peaks else None
+        measured = bandwidth.get("bytes_per_s")
+        rows.append(_ceiling_row("memory read (bytes/s)", measured, published, bandwidth))
+    return rows
+
+
+def _ceiling_row(label: str, measured, published, row: dict) -> dict:
+    ran = bool(measured) and bool(published)
+    return {
+        "ceiling": label,
+        "measured": measured,
+        "published": published,
+        "of published": f"{100 * measured / published:.0f} %" if ran else None,
+        "error": row.get("error", ""),
+    }
+
+
+def _attention_row(results: dict, implementation: str, length: int) -> dict | None:
+    for row in results["attention"]:
+        key = (row["implementation"], row["dtype"], row["T"], row.get("is_causal", False))
+        if key == (implementation, "bfloat16", length, False):
+            return row
+    return None
+
+
+def goals(results: dict) -> list[dict]:
+    """The GPU goals of the book, each with the measured value and whether it was met.
+
+    Thresholds come from the roofline (`roofline_for_goals`): cuDNN's bf16 attention at the
+    goal length runs within ROOFLINE_TOLERANCE of the roofline's prediction, and its speedup
+    over naive attention is at least 1 / ROOFLINE_TOLERANCE of the predicted speedup.
+    """
+    check_results(results, allow_rehearsal=True)
+    plan = results["plan"]
+    peaks, source = roofline_for_goals(results)
+    length = plan.get("goal_length")
+    rows = []
+    cudnn = _attention_row(results, "cudnn", length)
+    naive = _attention_row(results, "naive", length)
+    shape = {k: plan.get(k) for k in ("batch", "heads", "head_dim")}
+    fraction_goal = (
+        f"cuDNN attention, T = S = {length}, bf16: ≥ {100 / ROOFLINE_TOLERANCE:.0f} % "
+        f"of the roofline ({source})"
+    )
+    speedup_goal = (
+        f"cuDNN over naive attention, T = S = {length}, bf16: ≥ 1/{ROOFLINE_TOLERANCE:g} "
+        f"of the speedup the roofline predicts ({source})"
+    )
+    if peaks is None or None in shape.values() or length is None:
+        why = f"not measured: {source}" if peaks is None else "not measured: no plan"
+        return [{"goal": g, "measured": why, "met": False} for g in (fraction_goal, speedup_goal)]
+
+    def predict(materialised: bool) -> float:
+        flops = attention_flops(**shape, length=length, is_causal=False)
+        moved = attention_bytes(**shape, length=length, itemsize=2, materialised=materialised)
+        return peaks.predict(flops, moved, "bf16")
+
+    if cudnn and cudnn.get("seconds"):
+        fraction = predict(False) / cudnn["seconds"]
+        measured = (
+            f"{100 * fraction:.1f} % (predicted {1e3 * predict(False):.3g} ms, "
+            f"measured {1e3 * cudnn['seconds']:.3g} ms)"
         )
-        fraction = flops / cudnn["seconds"] / bf16_ceiling
         rows.append(
-            {
-                "goal": "cuDNN attention, T = S = 8192, bf16: ≥ 50 % of bf16 matmul FLOP/s",
-                "measured": f"{100 * fraction:.1f} %",
-                "met": fraction >= 0.5,
-            }
+            {"goal": fraction_goal, "measured": measured, "met": fraction >= 1 / ROOFLINE_TOLERANCE}
         )
     else:
-        why = (cudnn or {}).get("error") or "no cuDNN bf16 row at T = S = 8192"
-        rows.append(
-            {
-                "goal": "cuDNN attention, T = S = 8192, bf16: ≥ 50 % of bf16 matmul FLOP/s",
-                "measured": f"not measured: {why}",
-                "met": False,
-            }
-        )
+        why = (cudnn or {}).get("error") or f"no cuDNN bf16 row at T = S = {length}"
+        rows.append({"goal": fraction_goal, "measured": f"not measured: {why}", "met": False})
+    predicted_speedup = predict(True) / predict(False)
     if cudnn and cudnn.get("seconds") and naive and naive.get("seconds"):
         speedup = naive["seconds"] / cudnn["seconds"]
         rows.append(
             {
-                "goal": "cuDNN attention, T = S = 8192, bf16: ≥ 10× naive",
-                "measured": f"{speedup:.1f}×",
-                "met": speedup >= 10,
+                "goal": speedup_goal,
+                "measured": f"{speedup:.1f}× (predicted {predicted_speedup:.1f}×)",
+                "met": speedup >= predicted_speedup / ROOFLINE_TOLERANCE,
             }
         )
     else:
-        rows.append(
-            {
-                "goal": "cuDNN attention, T = S = 8192, bf16: ≥ 10× naive",
-                "measured": "not measured (a row is missing or did not run)",
-                "met": False,
-            }
-        )
-    f32_ceiling = results["matmul"].get("float32")
+        why = (naive or {}).get("error") or (cudnn or {}).get("error") or "a row is missing"
+        rows.append({"goal": speedup_goal, "measured": f"not measured: {why}", "met": False})
+    f32_ceiling = ceiling(results, "f32")
     if results["mlp"] and f32_ceiling:
         best = max(results["mlp"], key=lambda r: r["flops_per_s"])
         rows.append(
             {
-                "goal": "MLP device loop: fraction of the f32 matmul ceiling (reported)",
+                "goal": "MLP device loop, float32 (HIGHEST): fraction of the measured f32 "
+                "matmul ceiling (reported)",
                 "measured": f"{100 * best['flops_per_s'] / f32_ceiling:.1f} % "
                 f"at batch {best['batch_size']}",
                 "met": None,
             }
         )
-    build = results["build"]
-    if "book_seconds" in build:
+    book = results["stages"].get("book")
+    if book and book["status"] != "skipped":
         rows.append(
             {
                 "goal": "strict book build on the GPU (reported)",
-                "measured": f"{build['book_seconds']:.0f} s",
+                "measured": f"{book['status']} in {book.get('seconds', 0):.0f} s",
                 "met": None,
             }
         )
@@ -162,12 +299,12 @@ def sidebar(results: dict | None, rows_for: str) -> str:
             "page are from this build's own device. See the appendix *Measured on a GPU*."
         )
     if rows_for == "mlp":
-        ceiling = results["matmul"].get("float32")
+        f32 = ceiling(results, "f32")
         rows = [
             {
                 "batch": r["batch_size"],
                 "steps/s": r["steps_per_s"],
-                "of f32 ceiling": f"{100 * r['flops_per_s'] / ceiling:.0f} %" if ceiling else None,
+                "of f32 ceiling": f"{100 * r['flops_per_s'] / f32:.0f} %" if f32 else None,
             }
             for r in results["mlp"]
         ]
@@ -175,7 +312,7 @@ def sidebar(results: dict | None, rows_for: str) -> str:
             rows, {"batch": "batch", "steps/s": "steps/s", "of f32 ceiling": "of ceiling"}
         )
     elif rows_for == "attention":
-        longest = max(r["T"] for r in results["attention"])
+        longest = max((r["T"] for r in results["attention"]), default=None)
         rows = [r for r in results["attention"] if r["T"] == longest]
         table = markdown_table(
             rows,
@@ -192,13 +329,12 @@ def sidebar(results: dict | None, rows_for: str) -> str:
 
 
 def plot_attention(results: dict, ax) -> None:
-    """Latency against L of every recorded (implementation, dtype) that ran, log-log."""
+    """Latency against T = S of every recorded (implementation, dtype) that ran, log-log."""
     series = {}
     for row in results["attention"]:
         if row.get("seconds"):
-            series.setdefault((row["implementation"], row["dtype"]), []).append(
-                (row["T"], row["seconds"])
-            )
+            name = row["implementation"] + (" causal" if row.get("is_causal") else "")
+            series.setdefault((name, row["dtype"]), []).append((row["T"], row["seconds"]))
     for (name, dtype), points in sorted(series.items()):
         points.sort()
         ax.plot(

@@ -49,8 +49,18 @@ def _attention_fn(implementation: str, is_causal: bool, block_size: int | None) 
 
 
 def uses_cudnn_kernel(fn: Callable, *args) -> bool:
-    """True if the lowered program of `jax.jit(fn)(*args)` calls cuDNN's fused attention."""
-    return CUDNN_FMHA_TARGET in jax.jit(fn).lower(*args).as_text()
+    """True if the compiled program of `jax.jit(fn)(*args)` calls cuDNN's fused attention.
+
+    The compiled program, not the lowered one: it is what runs, and under several devices
+    the lowered call hides behind a partitioning wrapper.
+    """
+    return CUDNN_FMHA_TARGET in jax.jit(fn).lower(*args).compile().as_text()
+
+
+def _missing_kernel_error(fn: Callable, *args) -> str:
+    lowered = CUDNN_FMHA_TARGET in jax.jit(fn).lower(*args).as_text()
+    where = "the lowered program has it, the compiled one does not" if lowered else "nor lowered"
+    return f"no {CUDNN_FMHA_TARGET}* call in the compiled program ({where})"
 
 
 def _first_line(error: Exception) -> str:
@@ -65,7 +75,7 @@ def run_attention(
 
     Returns:
       (output or None, record) with record keys implementation, dtype, head_dim, works,
-      cudnn_kernel (whether the program calls cuDNN's fused attention) and error ("" if
+      cudnn_kernel (whether the compiled program calls cuDNN's fused attention) and error ("" if
       it worked). A cuDNN request whose program lacks the cuDNN call counts as not working.
     """
     fn = attention_fn(implementation, is_causal=is_causal, block_size=block_size)
@@ -88,7 +98,7 @@ def run_attention(
         record.update(works=False, error=_first_line(error))
         return None, record
     if implementation == "cudnn" and not record["cudnn_kernel"]:
-        record.update(works=False, error=f"no {CUDNN_FMHA_TARGET}* call in the program")
+        record.update(works=False, error=_missing_kernel_error(fn, query, key, value))
         return None, record
     return output, record
 

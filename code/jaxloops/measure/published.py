@@ -1,0 +1,102 @@
+"""Published peak figures of NVIDIA GPUs: the roofline a GPU run's goals are computed from.
+
+The vendor's datasheet figures for dense work (the datasheets quote tensor-core FLOP/s with
+2:4 structured sparsity; these are half of that), for the board named. They are labelled
+"published" wherever they appear and never mixed with a build's measured ceilings.
+
+Matmul precision on these GPUs: float32 at HIGHEST runs on the CUDA cores (the "f32" figure);
+float32 at JAX's DEFAULT precision runs in TF32 on the tensor cores (10-bit mantissa); bfloat16
+inputs run on the tensor cores with float32 accumulation.
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishedPeaks:
+    """One board's published dense peaks: FLOP/s per precision and HBM bytes/s."""
+
+    board: str
+    f32_flops_per_s: float
+    tf32_flops_per_s: float
+    bf16_flops_per_s: float
+    hbm_bytes_per_s: float
+    source: str
+
+    def flops_per_s(self, precision: str) -> float:
+        """Peak FLOP/s of "f32", "tf32" or "bf16"."""
+        peaks = {
+            "f32": self.f32_flops_per_s,
+            "tf32": self.tf32_flops_per_s,
+            "bf16": self.bf16_flops_per_s,
+        }
+        if precision not in peaks:
+            raise ValueError(f"precision is {precision!r}; expected one of {sorted(peaks)}")
+        return peaks[precision]
+
+    def predict(self, flops: float, bytes_moved: float, precision: str = "bf16") -> float:
+        """Seconds the published roofline allows: the slower of computing and moving."""
+        if flops < 0 or bytes_moved < 0:
+            raise ValueError(f"need flops >= 0 and bytes >= 0, got {flops}, {bytes_moved}")
+        return max(flops / self.flops_per_s(precision), bytes_moved / self.hbm_bytes_per_s)
+
+
+_H100_SXM = dict(f32_flops_per_s=67e12, tf32_flops_per_s=494.5e12, bf16_flops_per_s=989.5e12)
+
+# (substrings of JAX's device_kind, peaks); the first entry whose substrings all match wins.
+PUBLISHED = (
+    (
+        ("H200",),
+        PublishedPeaks(
+            "NVIDIA H200 SXM", **_H100_SXM, hbm_bytes_per_s=4.8e12, source="NVIDIA H200 datasheet"
+        ),
+    ),
+    (
+        ("H100", "PCIe"),
+        PublishedPeaks(
+            "NVIDIA H100 PCIe",
+            f32_flops_per_s=51e12,
+            tf32_flops_per_s=378e12,
+            bf16_flops_per_s=756e12,
+            hbm_bytes_per_s=2.0e12,
+            source="NVIDIA H100 datasheet",
+        ),
+    ),
+    (
+        ("H100",),
+        PublishedPeaks(
+            "NVIDIA H100 SXM", **_H100_SXM, hbm_bytes_per_s=3.35e12, source="NVIDIA H100 datasheet"
+        ),
+    ),
+    (
+        ("A100", "80GB"),
+        PublishedPeaks(
+            "NVIDIA A100 80GB SXM",
+            f32_flops_per_s=19.5e12,
+            tf32_flops_per_s=156e12,
+            bf16_flops_per_s=312e12,
+            hbm_bytes_per_s=2.039e12,
+            source="NVIDIA A100 datasheet",
+        ),
+    ),
+    (
+        ("A100",),
+        PublishedPeaks(
+            "NVIDIA A100 40GB",
+            f32_flops_per_s=19.5e12,
+            tf32_flops_per_s=156e12,
+            bf16_flops_per_s=312e12,
+            hbm_bytes_per_s=1.555e12,
+            source="NVIDIA A100 datasheet",
+        ),
+    ),
+)
+
+
+def published_peaks(device_kind: str) -> PublishedPeaks | None:
+    """The published peaks of the board JAX calls `device_kind` (e.g. "NVIDIA H200"), or None
+    for a device without figures here (a CPU, an unlisted GPU)."""
+    for substrings, peaks in PUBLISHED:
+        if all(s in device_kind for s in substrings):
+            return peaks
+    return None
