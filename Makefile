@@ -73,7 +73,7 @@ chapter: venv
 
 # JupyterLab on the project's environment: open any book/*.md as a notebook (jupytext).
 lab: $(VENV)/.lab-installed
-	$(BIN)/jupyter lab --notebook-dir=$(CURDIR)/book
+	$(BIN)/jupyter lab --notebook-dir=$(CURDIR)/book $(if $(filter 0,$(shell id -u)),--allow-root)
 
 $(VENV)/.lab-installed: requirements-lab.txt $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet -r requirements-lab.txt
