@@ -153,3 +153,19 @@ def test_bad_masks_raise():
         jaxloops.attention(query, key, value, mask=np.ones((T, T), bool))
     with pytest.raises(ValueError, match="mask must be boolean"):
         jaxloops.attention(query, key, value, mask=np.ones((T, S), np.float32))
+
+
+@pytest.mark.parametrize("name, position", [("query", 0), ("key", 1), ("value", 2)])
+def test_integer_inputs_raise_naming_them(name, position):
+    arrays = list(qkv(3))
+    arrays[position] = np.ones(arrays[position].shape, np.int32)
+    with pytest.raises(ValueError, match=f"{name} must be floating point, got int32"):
+        jaxloops.attention(*arrays)
+
+
+def test_empty_lengths_raise_naming_the_shape():
+    query, key, value = qkv(3)
+    with pytest.raises(ValueError, match=r"query \(3, 0, 6, 5\) has an empty axis"):
+        jaxloops.attention(query[:, :0], key, value)
+    with pytest.raises(ValueError, match=r"key \(3, 0, 3, 5\) has an empty axis"):
+        jaxloops.attention(query, key[:, :0], value[:, :0])

@@ -1,13 +1,14 @@
+import functools
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jaxloops
-
-
-def normal(shape, seed=0):
-    """Standard-normal test data from NumPy (no sampler to compile per shape)."""
-    return np.random.default_rng(seed).standard_normal(shape, np.float32)
+from conftest import normal
+from jaxloops import measure
+from jaxloops.blockwise import Tiling, visible_key_blocks
 
 
 def qkv(t, s, heads, kv_heads, head_dim=5, batch=3):
@@ -18,22 +19,89 @@ def qkv(t, s, heads, kv_heads, head_dim=5, batch=3):
     )
 
 
-# T and S are not multiples of the block; T > S and T < S; 16 is bigger than both.
-@pytest.mark.parametrize(
-    "t, s, kv_heads, block_size, is_causal",
-    [
-        (13, 11, 3, 4, True),
-        (9, 13, 6, 3, False),
-        (11, 7, 1, 16, True),
-    ],
-)
-def test_blockwise_equals_naive(t, s, kv_heads, block_size, is_causal):
+# Odd sizes; T > S and T < S; blocks that do not divide the lengths (and one bigger than
+# both); MHA, GQA and MQA; parallel query blocks that do not divide the number of blocks.
+CASES = [
+    (13, 11, 3, 4, 2, True),
+    (9, 13, 6, 3, 4, False),
+    (11, 7, 1, 16, 4, True),
+    (7, 19, 2, 4, 3, True),
+]
+
+
+@pytest.mark.parametrize("t, s, kv_heads, block_size, parallel, is_causal", CASES)
+def test_blockwise_forward_and_gradients_equal_naive(
+    t, s, kv_heads, block_size, parallel, is_causal
+):
     query, key, value = qkv(t, s, 6, kv_heads)
-    expected = jaxloops.attention(query, key, value, is_causal=is_causal)
-    got = jaxloops.blockwise_attention(
-        query, key, value, is_causal=is_causal, block_size=block_size
+    weights = normal((3, t, 6, 5), 4)  # a loss that weighs every output differently
+    blockwise = functools.partial(
+        jaxloops.blockwise_attention,
+        is_causal=is_causal,
+        block_size=block_size,
+        parallel_blocks=parallel,
     )
+    naive = functools.partial(jaxloops.attention, is_causal=is_causal)
+
+    @jax.jit
+    def outputs_and_grads(query, key, value):
+        def value_and_grads(fn):
+            loss = lambda q, k, v: (fn(q, k, v) * weights).sum()
+            return fn(query, key, value), jax.grad(loss, argnums=(0, 1, 2))(query, key, value)
+
+        return value_and_grads(blockwise), value_and_grads(naive)
+
+    (got, got_grads), (expected, expected_grads) = outputs_and_grads(query, key, value)
     np.testing.assert_allclose(got, expected, atol=3e-6)
+    for name, g, e in zip("qkv", got_grads, expected_grads):
+        assert g.shape == e.shape, name
+        np.testing.assert_allclose(g, e, atol=2e-5, err_msg=f"d{name}")
+
+
+def test_blockwise_agrees_with_float64_reference_forward_and_backward():
+    query, key, value = qkv(10, 9, 6, 2, head_dim=4, batch=2)
+    got = jaxloops.blockwise_attention(query, key, value, is_causal=True, block_size=4)
+    expected = measure.reference_attention(query, key, value, is_causal=True)
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    # d(sum of outputs)/d value: each key's total weight over the rows that see it.
+    grad = jax.grad(
+        lambda v: jaxloops.blockwise_attention(query, key, v, is_causal=True, block_size=4).sum()
+    )(value)
+    step = 1e-3
+    bumped = value.astype(np.float64).copy()
+    bumped[0, 3, 1, 2] += step
+    numeric = (
+        measure.reference_attention(query, key, bumped, is_causal=True).sum() - expected.sum()
+    ) / step
+    assert grad[0, 3, 1, 2] == pytest.approx(numeric, abs=1e-4)
+
+
+def test_gradient_scratch_is_a_small_fraction_of_naive():
+    # The compiled scratch of jax.grad of a scalar loss (deterministic: no timing). At this
+    # size naive keeps several (T, S) arrays per head for the backward pass; blockwise keeps
+    # O(T + S) residuals and one tile's worth of work at a time.
+    spec = jax.ShapeDtypeStruct((1, 512, 2, 16), jnp.float32)  # (B, T, N, H), T = S
+
+    def grad_temp_bytes(fn):
+        loss = lambda q, k, v: fn(q, k, v).sum()
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(spec, spec, spec).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    naive = grad_temp_bytes(jaxloops.attention)
+    blockwise = grad_temp_bytes(
+        functools.partial(jaxloops.blockwise_attention, block_size=32, parallel_blocks=2)
+    )
+    assert naive >= 2 * 512 * 512 * 2 * 4  # at least two float32 (B, N, T, S) arrays
+    assert blockwise * 8 <= naive, (blockwise, naive)
+
+
+def test_causal_chunks_see_only_the_key_blocks_up_to_their_last_query():
+    tiling = Tiling(T=20, S=20, q_block=4, k_block=3, is_causal=True)
+    # Chunks of 8 queries: the first ends at query 7 (key block 2 holds keys 6-8), the
+    # second at 15 (block 5), the third at 23, capped at the 7 blocks there are.
+    counts = [int(visible_key_blocks(c, 8, tiling, 7)) for c in range(3)]
+    assert counts == [3, 6, 7]
+    assert visible_key_blocks(0, 8, tiling._replace(is_causal=False), 7) == 7
 
 
 def test_online_softmax_over_two_blocks_equals_softmax():
@@ -59,7 +127,19 @@ def test_online_softmax_over_two_blocks_equals_softmax():
 
 def test_bad_block_size_and_shapes_raise():
     query, key, value = qkv(7, 7, 6, 3)
-    with pytest.raises(ValueError, match="block_size must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="block_size and parallel_blocks must be >= 1, got 0, 4"):
         jaxloops.blockwise_attention(query, key, value, block_size=0)
+    with pytest.raises(ValueError, match="got 8, 0"):
+        jaxloops.blockwise_attention(query, key, value, block_size=8, parallel_blocks=0)
     with pytest.raises(ValueError, match="6 heads, key/value has 4"):
         jaxloops.blockwise_attention(query, *qkv(7, 7, 6, 4)[1:])
+
+
+def test_empty_and_integer_inputs_raise_naming_them():
+    query, key, value = qkv(7, 7, 6, 3)
+    with pytest.raises(ValueError, match=r"query \(3, 0, 6, 5\) has an empty axis"):
+        jaxloops.blockwise_attention(query[:, :0], key, value)
+    with pytest.raises(ValueError, match=r"key \(3, 0, 3, 5\) has an empty axis"):
+        jaxloops.blockwise_attention(query, key[:, :0], value[:, :0])
+    with pytest.raises(ValueError, match="key must be floating point, got int32"):
+        jaxloops.blockwise_attention(query, key.astype(np.int32), value)

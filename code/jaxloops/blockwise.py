@@ -1,18 +1,32 @@
-"""Blockwise attention with an online softmax, in pure JAX.
+"""Blockwise attention with an online softmax and a recomputing backward pass, in pure JAX.
 
-The (T, S) score matrix is never built: queries go block by block (`lax.map`), and for each
-query block a `lax.scan` walks the key blocks carrying the running max, the running sum of
-exponentials and the unnormalised output, rescaling them when the max grows.
+The (T, S) score matrix is never built, forward or backward. Queries are cut into blocks of
+Tb and keys into blocks of Sb. As in FlashAttention-2, the work is split over query blocks:
+each one walks the key blocks with the running max, sum and output of an online softmax,
+independently of the others, so `parallel_blocks` of them go through the walk together
+(`jax.vmap`). The backward pass (`jax.custom_vjp`) keeps only Q, K, V, the output and one
+log-sum-exp per query row, and recomputes each tile's scores from them.
 """
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from jaxloops.attention import check_attention_shapes, masked_fill_value
+
+
+class Tiling(NamedTuple):
+    """Static facts of one blockwise call (hashable, so it can be a custom_vjp static)."""
+
+    T: int  # queries before padding
+    S: int  # keys before padding
+    q_block: int  # Tb
+    k_block: int  # Sb
+    is_causal: bool
 
 
 def online_softmax_step(carry, scores, value_block):
@@ -41,6 +55,164 @@ def online_softmax_step(carry, scores, value_block):
     return new_max, new_sum, out * correction[..., None] + mixed
 
 
+def tile_scores(query_block, key_block, q_start, k_start, tiling: Tiling):
+    """Scaled, masked float32 logits of one (query block, key block) tile.
+
+    Args:
+      query_block: (B, K, G, Tb, H); key_block: (B, K, Sb, H).
+      q_start, k_start: positions of the blocks' first query and first key.
+
+    Returns:
+      (B, K, G, Tb, Sb); padded keys and, if causal, keys after the query get the fill value.
+    """
+    H = query_block.shape[-1]
+    scores = jnp.einsum(
+        "BKGTH,BKSH->BKGTS", query_block, key_block, preferred_element_type=jnp.float32
+    )  # (B, K, G, Tb, Sb)
+    scores = scores * (1.0 / math.sqrt(H))
+    k_pos = k_start + jnp.arange(tiling.k_block)  # (Sb,)
+    visible = None
+    if tiling.S % tiling.k_block:  # keys padded up to a whole block never count
+        visible = jnp.broadcast_to(k_pos < tiling.S, (tiling.q_block, tiling.k_block))
+    if tiling.is_causal:
+        q_pos = q_start + jnp.arange(tiling.q_block)  # (Tb,)
+        causal = q_pos[:, None] >= k_pos[None, :]  # (Tb, Sb)
+        visible = causal if visible is None else visible & causal
+    if visible is None:
+        return scores
+    return jnp.where(visible, scores, masked_fill_value(jnp.float32))
+
+
+def visible_key_blocks(chunk, query_chunk_len: int, tiling: Tiling, n_key_blocks: int):
+    """How many key blocks, from the first, a chunk of queries must see.
+
+    Causal: the chunk's last query sees keys up to its own position, and no block after.
+    """
+    if not tiling.is_causal:
+        return n_key_blocks
+    last_query = (chunk + 1) * query_chunk_len - 1
+    return jnp.minimum(last_query // tiling.k_block + 1, n_key_blocks)
+
+
+def _forward(query, key, value, tiling: Tiling):
+    """Output and per-row log-sum-exp, query chunks one after another.
+
+    Args:
+      query: (nC, P, B, K, G, Tb, H), P query blocks per chunk.
+      key, value: (nS, B, K, Sb, H).
+
+    Returns:
+      out (nC, P, B, K, G, Tb, H) float32, lse (nC, P, B, K, G, Tb) float32.
+    """
+    _, P, B, K, G, Tb, H = query.shape
+    n_key_blocks, Sb = key.shape[0], key.shape[3]
+    fill = masked_fill_value(jnp.float32)
+
+    def one_chunk(args):
+        query_chunk, chunk = args  # (P, B, K, G, Tb, H), ()
+        q_starts = (chunk * P + jnp.arange(P)) * Tb  # (P,)
+
+        def fold_key_block(j, carry):
+            key_block, value_block = key[j], value[j]  # (B, K, Sb, H) each
+            # The P query blocks are independent: vmap them over the same key block.
+            scores = jax.vmap(tile_scores, in_axes=(0, None, 0, None, None))(
+                query_chunk, key_block, q_starts, j * Sb, tiling
+            )  # (P, B, K, G, Tb, Sb)
+            return jax.vmap(online_softmax_step, in_axes=(0, 0, None))(carry, scores, value_block)
+
+        init = (
+            jnp.full((P, B, K, G, Tb), fill, jnp.float32),
+            jnp.zeros((P, B, K, G, Tb), jnp.float32),
+            jnp.zeros((P, B, K, G, Tb, H), jnp.float32),
+        )
+        n_visible = visible_key_blocks(chunk, P * Tb, tiling, n_key_blocks)
+        running_max, running_sum, out = lax.fori_loop(0, n_visible, fold_key_block, init)
+        # The log-sum-exp of each row is all the backward pass needs to rebuild the weights.
+        return out / running_sum[..., None], running_max + jnp.log(running_sum)
+
+    return lax.map(one_chunk, (query, jnp.arange(query.shape[0])))
+
+
+def tile_grads(query_block, key_block, value_block, d_out, lse, delta, q_start, k_start, tiling):
+    """Gradient contributions of one tile, from its scores recomputed.
+
+    Args:
+      query_block, d_out: (B, K, G, Tb, H); key_block, value_block: (B, K, Sb, H).
+      lse, delta: (B, K, G, Tb): log-sum-exp of each row, and sum(d_out * out) of each row.
+
+    Returns:
+      d_query (B, K, G, Tb, H), d_key and d_value (B, K, Sb, H), float32.
+    """
+    H = query_block.shape[-1]
+    scores = tile_scores(query_block, key_block, q_start, k_start, tiling)
+    weights = jnp.exp(scores - lse[..., None])  # (B, K, G, Tb, Sb): the forward's softmax
+    d_value = jnp.einsum("BKGTS,BKGTH->BKSH", weights, d_out)  # (B, K, Sb, H)
+    d_weights = jnp.einsum("BKGTH,BKSH->BKGTS", d_out, value_block)  # (B, K, G, Tb, Sb)
+    # Softmax backward: dS = P * (dP - sum_s P dP), and sum_s P dP = sum_h dO * O per row.
+    d_scores = weights * (d_weights - delta[..., None]) * (1.0 / math.sqrt(H))
+    d_query = jnp.einsum("BKGTS,BKSH->BKGTH", d_scores, key_block)  # (B, K, G, Tb, H)
+    d_key = jnp.einsum("BKGTS,BKGTH->BKSH", d_scores, query_block)  # (B, K, Sb, H)
+    return d_query, d_key, d_value
+
+
+def _backward(tiling: Tiling, residuals, d_out):
+    """Gradients w.r.t. the blocked query, key and value: the same walk, scores recomputed.
+
+    Query chunks go one after another, each over its visible key blocks, adding into dQ of
+    the chunk and into dK, dV of the key block; nothing of size T x S is kept.
+    """
+    query, key, value, out, lse = residuals
+    _, P, _, _, _, Tb, _ = query.shape
+    n_key_blocks, Sb = key.shape[0], key.shape[3]
+    query32, key32, value32 = (x.astype(jnp.float32) for x in (query, key, value))
+    d_out = d_out.astype(jnp.float32)
+    delta = (d_out * out).sum(axis=-1)  # (nC, P, B, K, G, Tb)
+    per_block = jax.vmap(tile_grads, in_axes=(0, None, None, 0, 0, 0, 0, None, None))
+
+    def one_chunk(carry, args):
+        query_chunk, d_out_chunk, lse_chunk, delta_chunk, chunk = args
+        q_starts = (chunk * P + jnp.arange(P)) * Tb  # (P,)
+
+        def fold_key_block(j, inner):
+            d_query, d_key, d_value = inner
+            dq, dk, dv = per_block(
+                query_chunk,
+                key32[j],
+                value32[j],
+                d_out_chunk,
+                lse_chunk,
+                delta_chunk,
+                q_starts,
+                j * Sb,
+                tiling,
+            )  # (P, B, K, G, Tb, H), (P, B, K, Sb, H), (P, B, K, Sb, H)
+            return d_query + dq, d_key.at[j].add(dk.sum(0)), d_value.at[j].add(dv.sum(0))
+
+        n_visible = visible_key_blocks(chunk, P * Tb, tiling, n_key_blocks)
+        init = (jnp.zeros_like(query_chunk), *carry)
+        d_query, d_key, d_value = lax.fori_loop(0, n_visible, fold_key_block, init)
+        return (d_key, d_value), d_query
+
+    zeros = jnp.zeros_like(key32)  # (nS, B, K, Sb, H)
+    (d_key, d_value), d_query = lax.scan(
+        one_chunk, (zeros, zeros), (query32, d_out, lse, delta, jnp.arange(query.shape[0]))
+    )
+    return d_query.astype(query.dtype), d_key.astype(key.dtype), d_value.astype(value.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _blockwise_core(query, key, value, tiling: Tiling):
+    return _forward(query, key, value, tiling)[0]
+
+
+def _blockwise_core_fwd(query, key, value, tiling: Tiling):
+    out, lse = _forward(query, key, value, tiling)
+    return out, (query, key, value, out, lse)  # O(T + S) residuals, no (T, S) array
+
+
+_blockwise_core.defvjp(_blockwise_core_fwd, _backward)
+
+
 def _pad_to(x, axis: int, multiple: int):
     """Zero-pads `axis` of x up to a multiple of `multiple`."""
     pad = -x.shape[axis] % multiple
@@ -49,72 +221,50 @@ def _pad_to(x, axis: int, multiple: int):
     return jnp.pad(x, widths)
 
 
-@functools.partial(jax.jit, static_argnames=("is_causal", "block_size"))
-def blockwise_attention(query, key, value, *, is_causal: bool = False, block_size: int = 128):
-    """Attention that never materialises (T, S): memory grows linearly in the lengths.
+@functools.partial(jax.jit, static_argnames=("is_causal", "block_size", "parallel_blocks"))
+def blockwise_attention(
+    query,
+    key,
+    value,
+    *,
+    is_causal: bool = False,
+    block_size: int = 256,
+    parallel_blocks: int = 4,
+):
+    """Attention that never materialises (T, S), forward or backward: memory linear in T, S.
 
     Args:
       query: (B, T, N, H).
       key: (B, S, K, H) with N % K == 0.
       value: (B, S, K, H).
-      is_causal: query t attends to keys s <= t (top-left); key blocks entirely above the
-        diagonal are skipped, not just masked.
-      block_size: queries and keys per block; T and S need not be multiples of it.
+      is_causal: query t attends to keys s <= t (top-left); key blocks entirely after a
+        chunk's last query are skipped, not just masked.
+      block_size: queries and keys per block (Tb = Sb); T and S need not be multiples of it.
+      parallel_blocks: query blocks that walk the key blocks together (vmapped).
 
     Returns:
-      (B, T, N, H), in the dtype of value.
+      (B, T, N, H), in the dtype of value. Differentiable: the backward pass recomputes
+      the scores from the saved per-row log-sum-exp.
     """
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if block_size < 1 or parallel_blocks < 1:
+        raise ValueError(
+            f"block_size and parallel_blocks must be >= 1, got {block_size}, {parallel_blocks}"
+        )
     query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
     B, T, S, N, K, H = check_attention_shapes(query, key, value)
     G = N // K
     q_block, k_block = min(block_size, T), min(block_size, S)
-    fill = masked_fill_value(jnp.float32)
-    scale = 1.0 / math.sqrt(H)
+    P = min(parallel_blocks, -(-T // q_block))  # no more parallel blocks than there are
+    tiling = Tiling(T, S, q_block, k_block, is_causal)
 
-    query = _pad_to(query, 1, q_block).reshape(B, -1, q_block, K, G, H)  # (B, nT, Tb, K, G, H)
-    query = query.transpose(1, 0, 3, 4, 2, 5)  # (nT, B, K, G, Tb, H)
+    query = _pad_to(query, 1, P * q_block)  # (B, nC * P * Tb, N, H)
+    query = query.reshape(B, -1, P, q_block, K, G, H)  # (B, nC, P, Tb, K, G, H)
+    query = query.transpose(1, 2, 0, 4, 5, 3, 6)  # (nC, P, B, K, G, Tb, H)
     key = _pad_to(key, 1, k_block).reshape(B, -1, k_block, K, H)  # (B, nS, Sb, K, H)
     value = _pad_to(value, 1, k_block).reshape(B, -1, k_block, K, H)  # (B, nS, Sb, K, H)
     key = key.transpose(1, 0, 3, 2, 4)  # (nS, B, K, Sb, H)
     value = value.transpose(1, 0, 3, 2, 4)  # (nS, B, K, Sb, H)
 
-    def one_query_block(args):
-        query_block, q_index = args  # (B, K, G, Tb, H), ()
-        q_pos = q_index * q_block + jnp.arange(q_block)  # (Tb,)
-
-        def fold_key_block(carry, xs):
-            key_block, value_block, k_index = xs  # (B, K, Sb, H), (B, K, Sb, H), ()
-            k_pos = k_index * k_block + jnp.arange(k_block)  # (Sb,)
-
-            def update(carry):
-                scores = jnp.einsum(
-                    "BKGTH,BKSH->BKGTS", query_block, key_block, preferred_element_type=jnp.float32
-                )  # (B, K, G, Tb, Sb)
-                scores = scores * scale
-                if S % k_block:  # keys padded up to a whole block never count
-                    scores = jnp.where(k_pos[None, :] < S, scores, fill)  # (B, K, G, Tb, Sb)
-                if is_causal:
-                    scores = jnp.where(q_pos[:, None] >= k_pos[None, :], scores, fill)
-                return online_softmax_step(carry, scores, value_block)
-
-            if not is_causal:
-                return update(carry), None
-            # The block's first key lies after the block's last query: nothing to see.
-            visible = k_index * k_block <= q_index * q_block + q_block - 1
-            return lax.cond(visible, update, lambda c: c, carry), None
-
-        init = (
-            jnp.full((B, K, G, q_block), fill, jnp.float32),
-            jnp.zeros((B, K, G, q_block), jnp.float32),
-            jnp.zeros((B, K, G, q_block, H), jnp.float32),
-        )
-        (_, running_sum, out), _ = lax.scan(
-            fold_key_block, init, (key, value, jnp.arange(key.shape[0]))
-        )
-        return (out / running_sum[..., None]).astype(value.dtype)  # (B, K, G, Tb, H)
-
-    out = lax.map(one_query_block, (query, jnp.arange(query.shape[0])))  # (nT, B, K, G, Tb, H)
-    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(B, -1, N, H)  # (B, nT * Tb, N, H)
-    return out[:, :T]  # (B, T, N, H)
+    out = _blockwise_core(query, key, value, tiling)  # (nC, P, B, K, G, Tb, H)
+    out = out.transpose(2, 0, 1, 5, 3, 4, 6).reshape(B, -1, N, H)  # (B, nC * P * Tb, N, H)
+    return out[:, :T].astype(value.dtype)  # (B, T, N, H)
