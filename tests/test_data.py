@@ -75,3 +75,13 @@ def test_to_device_checks_before_copying():
         jaxloops.to_device(jaxloops.Batch(x, y), 64, 10)
     batch = jaxloops.to_device(jaxloops.Batch(x, y % 10), 64, 10)
     assert isinstance(batch.x, jax.Array) and batch.x.shape == (3, 64)
+
+
+def test_an_empty_training_set_is_named_as_such(key):
+    empty = jaxloops.Batch(np.zeros((0, 64), np.float32), np.zeros((0,), np.int32))
+    with pytest.raises(ValueError, match="empty"):
+        jaxloops.to_device(empty, 64, 10)
+    with pytest.raises(ValueError, match="empty"):
+        jaxloops.epoch_batches(key, empty, 8)
+    with pytest.raises(ValueError, match="empty"):
+        jaxloops.pad_batches(empty, 8)

@@ -1,9 +1,11 @@
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from sklearn.metrics import confusion_matrix as sk_confusion_matrix
 
 import jaxloops
+from jaxloops import measure
 
 
 def test_padded_batches_count_every_example_exactly_once(digits):
@@ -41,3 +43,28 @@ def test_summaries_of_a_confusion_matrix():
     np.testing.assert_allclose(jaxloops.per_class_accuracy(counts), [5 / 7, 6 / 10, 1.0])
     assert jaxloops.most_confused(counts, 2) == [(1, 0, 3), (0, 1, 2)]
     assert jaxloops.most_confused(np.eye(3, dtype=int), 2) == []
+
+
+def test_evaluate_compiles_once_across_calls(digits, key):
+    batches = jaxloops.pad_batches(digits.test, 113)
+    with measure.count_compiles() as log:
+        for seed in range(3):
+            params = jaxloops.init_mlp(jax.random.fold_in(key, seed), (64, 9, 10))
+            jaxloops.evaluate(jaxloops.mlp_logits, params, batches, 10)
+    assert log.names.count("jit(evaluate)") == 1
+
+
+def test_unchecked_confusion_matrix_drops_and_wraps_out_of_range_labels():
+    counts = jaxloops.confusion_matrix(jnp.array([0, 3, -1]), jnp.array([0, 0, 1]), 3)
+    assert int(counts.sum()) == 2  # label 3 dropped
+    assert int(counts[2, 1]) == 1  # label -1 counted as class 2
+
+
+@pytest.mark.parametrize("labels, match", [([0, 3, 1], "labels .* max 3"), ([0, -1, 1], "min -1")])
+def test_checked_confusion_matrix_raises_naming_the_bad_label(labels, match):
+    with pytest.raises(ValueError, match=match):
+        jaxloops.checked_confusion_matrix(jnp.array(labels), jnp.array([0, 1, 2]), 3)
+    good = jaxloops.checked_confusion_matrix(jnp.array([0, 2, 1]), jnp.array([0, 1, 2]), 3)
+    np.testing.assert_array_equal(
+        good, jaxloops.confusion_matrix(jnp.array([0, 2, 1]), jnp.array([0, 1, 2]), 3)
+    )

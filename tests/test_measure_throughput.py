@@ -20,4 +20,42 @@ def test_scan_flops_per_step_equal_the_steps_own_cost_analysis(key):
     per_step = measure.compiled_flops(train_step, params, opt_state, one)
     np.testing.assert_allclose(row["flops_per_step"], per_step, rtol=0.01)
     assert row["batch_size"] == 13
-    np.testing.assert_allclose(row["examples_per_s"], 13 * row["steps_per_s"])
+
+
+def test_every_overlap_driver_trains_the_same_parameters(key):
+    """Fetching the loss, or not, or scanning, changes when the host waits, never the values."""
+    train_step, params, opt_state = _step(key)
+    batches = random_batches(key, 7, 11, 5, 3)
+    drivers = measure.overlap_drivers(train_step, params, opt_state, batches, 1e-4, k=3)
+    results = {name: run() for name, run in drivers.items()}
+    assert len(results) == 4
+    reference = results["scan, data on device"]
+    for name, got in results.items():
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(reference)):
+            np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6, err_msg=name)
+
+
+def test_predicted_step_seconds_follow_the_overlap_model():
+    p = measure.predicted_step_seconds(host=3.0, device=5.0, k=4)
+    assert p["fetch every step"] == 8.0
+    assert p["never fetch"] == 5.0
+    assert p["fetch every 4 steps"] == 5.0 + 3.0 / 4
+    assert p["scan, data on device"] == 5.0
+
+
+def test_host_pipeline_yields_every_batch_in_order():
+    batches = [jaxloops.Batch(np.full((2, 3), i), np.full((2,), i)) for i in range(5)]
+    out = list(measure.host_pipeline(batches, 0.0))
+    assert [int(b.y[0]) for b in out] == [0, 1, 2, 3, 4]
+
+
+def test_fit_against_bare_epoch_counts_the_steps_of_both(digits, key):
+    params = jaxloops.init_mlp(key, (64, 7, 10))
+    optimizer = jaxloops.make_optimizer(1e-3, 0.0)
+    step = jaxloops.make_train_step(jaxloops.mlp_loss, optimizer)
+    out = measure.fit_against_bare_epoch(
+        key, params, optimizer.init(params), step, digits.train, batch_size=300, epochs=2, rounds=1
+    )
+    assert out["steps"] == 2 * (digits.train.x.shape[0] // 300)
+    assert out["fit"] > 0 and out["bare epoch"] > 0
+    assert not params["dense_0"]["w"].is_deleted()  # copies were donated, not the caller's

@@ -41,3 +41,23 @@ def test_cross_entropy_matches_log_softmax_and_is_stable():
 def test_accuracy_counts_argmax_hits():
     logits = jnp.array([[0.0, 1.0], [2.0, 1.0], [0.0, 3.0]])
     assert float(jaxloops.accuracy(logits, jnp.array([1, 1, 1]))) == pytest.approx(2 / 3)
+
+
+def test_checked_loss_raises_on_a_bad_label_where_the_unchecked_one_gives_nan():
+    from jax.experimental import checkify
+
+    logits, bad = jnp.zeros((3, 5)), jnp.array([0, 7, 1])
+    assert np.isnan(jax.jit(jaxloops.cross_entropy)(logits, bad))
+    error, _ = jax.jit(checkify.checkify(jaxloops.checked_cross_entropy))(logits, bad)
+    with pytest.raises(ValueError, match=r"labels must be in \[0, 5\); got min 0, max 7"):
+        error.throw()
+    error, loss = jax.jit(checkify.checkify(jaxloops.checked_cross_entropy))(logits, bad % 5)
+    assert error.get() is None
+    np.testing.assert_allclose(loss, np.log(5), rtol=1e-6)
+
+
+def test_init_mlp_names_sizes_that_are_not_a_tuple_of_ints(key):
+    with pytest.raises(ValueError, match=r"sizes \[64, 10\] must be a tuple"):
+        jaxloops.init_mlp(key, [64, 10])
+    with pytest.raises(ValueError, match="tuple of ints"):
+        jaxloops.init_mlp(key, (64, 10.0))

@@ -208,3 +208,11 @@ def test_top_k_accuracy_ignores_masked_rows(key):
         exercises.top_k_accuracy(logits[:7], labels[:7], 2),
         rtol=1e-6,
     )
+
+
+def test_a_global_read_inside_jit_is_frozen_at_trace_time(key):
+    params = jaxloops.init_mlp(key, (5, 3))
+    grads = jax.tree.map(jnp.ones_like, params)
+    before, after = exercises.frozen_global_demo(params, grads)
+    assert float(before) > 0
+    assert float(after) == float(before)  # setting LEARNING_RATE = 0 changed nothing

@@ -68,3 +68,12 @@ def test_train_step_reduces_the_loss(digits, key):
 def test_bad_optimizer_settings_are_rejected():
     with pytest.raises(ValueError, match="learning_rate"):
         jaxloops.make_optimizer(0.0, 0.1)
+
+
+@pytest.mark.parametrize(
+    "lr, wd, bad",
+    [(float("nan"), 0.0, "nan"), (1e-3, float("nan"), "nan"), (float("inf"), 0.0, "inf")],
+)
+def test_non_finite_optimizer_settings_are_rejected_by_value(lr, wd, bad):
+    with pytest.raises(ValueError, match=bad):
+        jaxloops.make_optimizer(lr, wd)

@@ -24,6 +24,8 @@ def check_examples(x, y, num_features: int, num_classes: int) -> None:
     x, y = np.asarray(x), np.asarray(y)
     if x.ndim != 2 or x.shape[1] != num_features:
         raise ValueError(f"features have shape {x.shape}; expected (examples, {num_features})")
+    if x.shape[0] == 0:
+        raise ValueError(f"features have shape {x.shape}: the data set is empty (0 examples)")
     if y.shape != (x.shape[0],):
         raise ValueError(f"labels have shape {y.shape}; expected ({x.shape[0]},) to match features")
     if not np.all(np.isfinite(x)):
@@ -35,6 +37,8 @@ def check_examples(x, y, num_features: int, num_classes: int) -> None:
 
 
 def check_batch_size(batch_size: int, num_examples: int) -> None:
+    if num_examples == 0:
+        raise ValueError(f"the data set is empty (0 examples): no batch of {batch_size} fits")
     if not 0 < batch_size <= num_examples:
         raise ValueError(f"batch size {batch_size} must be in [1, {num_examples}] (the examples)")
 

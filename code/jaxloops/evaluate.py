@@ -1,13 +1,16 @@
 """Evaluation on fixed-size test batches: padding, masks, accuracy, confusion matrix."""
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import checkify
 
 from jaxloops.data import Batch, check_batch_size
+from jaxloops.losses import check_labels
 
 
 class EvalBatches(NamedTuple):
@@ -39,14 +42,42 @@ def pad_batches(data: Batch, batch_size: int) -> EvalBatches:
 def confusion_matrix(
     labels: jax.Array, predictions: jax.Array, num_classes: int, mask=None
 ) -> jax.Array:
-    """Counts (C, C): row = true class, column = predicted class; masked-out entries add 0."""
+    """Counts (C, C): row = true class, column = predicted class; masked-out entries add 0.
+
+    Unchecked, as scatters are in compiled code: an index >= C is dropped and a negative
+    one wraps around (-1 counts as class C - 1). `checked_confusion_matrix` raises instead.
+    """
     weights = jnp.ones(labels.shape, jnp.int32) if mask is None else mask.astype(jnp.int32)
     counts = jnp.zeros((num_classes, num_classes), jnp.int32)
     return counts.at[labels.ravel(), predictions.ravel()].add(weights.ravel())
 
 
+def checked_confusion_matrix(
+    labels: jax.Array, predictions: jax.Array, num_classes: int, mask=None
+) -> jax.Array:
+    """`confusion_matrix` that raises a ValueError naming the out-of-range extremes of the
+    labels or predictions, checked inside the compiled program by `checkify`."""
+    error, counts = _checked_counts(num_classes)(labels, predictions, mask)
+    error.throw()
+    return counts
+
+
+@functools.lru_cache(maxsize=16)
+def _checked_counts(num_classes: int):
+    def counts(labels, predictions, mask):
+        check_labels(labels, num_classes, "labels")
+        check_labels(predictions, num_classes, "predictions")
+        return confusion_matrix(labels, predictions, num_classes, mask)
+
+    return jax.jit(checkify.checkify(counts))
+
+
+@functools.partial(jax.jit, static_argnames=("logits_fn", "num_classes"))
 def evaluate(logits_fn: Callable, params, batches: EvalBatches, num_classes: int):
     """Predictions and confusion matrix over all padded batches, in one scan on the device.
+
+    Jitted with `logits_fn` and `num_classes` static: one compiled program per model
+    function and shapes, reused by every later call (pass the same function object).
 
     Returns:
       (predictions (steps, B) int32, confusion matrix (C, C) int32).

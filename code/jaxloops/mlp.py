@@ -1,7 +1,6 @@
 """A small MLP on a dict pytree: init, logits and its loss."""
 
 import functools
-from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -12,17 +11,23 @@ from jaxloops.losses import accuracy, cross_entropy
 Params = dict[str, dict[str, jax.Array]]
 
 
-@functools.partial(jax.jit, static_argnames="sizes")
-def init_mlp(key: jax.Array, sizes: Sequence[int]) -> Params:
+def init_mlp(key: jax.Array, sizes: tuple[int, ...]) -> Params:
     """He-initialised dense layers: {"dense_0": {"w": (F_0, F_1), "b": (F_1,)}, ...}.
 
     Args:
       key: a PRNG key.
-      sizes: layer widths from input to output, e.g. (64, 256, 256, 10); a tuple (static
-        under jit: one compiled initialiser per architecture).
+      sizes: layer widths from input to output, e.g. (64, 256, 256, 10); a tuple of ints,
+        static under jit: one compiled initialiser per architecture.
     """
+    if not isinstance(sizes, tuple) or not all(isinstance(s, int) for s in sizes):
+        raise ValueError(f"sizes {sizes!r} must be a tuple of ints, e.g. (64, 256, 10)")
     if len(sizes) < 2 or min(sizes) < 1:
-        raise ValueError(f"sizes {tuple(sizes)} need at least an input and an output width >= 1")
+        raise ValueError(f"sizes {sizes} need at least an input and an output width >= 1")
+    return _init_layers(key, sizes)
+
+
+@functools.partial(jax.jit, static_argnames="sizes")
+def _init_layers(key: jax.Array, sizes: tuple[int, ...]) -> Params:
     keys = jax.random.split(key, len(sizes) - 1)
     params = {}
     for i, (k, fan_in, fan_out) in enumerate(zip(keys, sizes[:-1], sizes[1:])):

@@ -16,9 +16,11 @@ def decay_mask(params) -> Any:
 
 def make_optimizer(learning_rate: float, weight_decay: float) -> optax.GradientTransformation:
     """AdamW with decoupled weight decay on weight matrices only."""
-    if learning_rate <= 0 or weight_decay < 0:
+    # Written as `not (... > 0)` so that NaN, which fails every comparison, is refused too.
+    if not (0 < learning_rate < float("inf")) or not (0 <= weight_decay < float("inf")):
         raise ValueError(
-            f"need learning_rate > 0 and weight_decay >= 0, got {learning_rate}, {weight_decay}"
+            "need a finite learning_rate > 0 and weight_decay >= 0, "
+            f"got {learning_rate}, {weight_decay}"
         )
     return optax.adamw(learning_rate, weight_decay=weight_decay, mask=decay_mask)
 

@@ -187,3 +187,31 @@ def top_k_accuracy(logits: jax.Array, labels: jax.Array, k: int, mask=None) -> j
     hit = (top == labels[:, None]).any(axis=-1)  # (B,)
     weights = jnp.ones(hit.shape) if mask is None else mask.astype(jnp.float32)
     return (hit * weights).sum() / weights.sum()
+
+
+# Chapter 5: the purity bug. A jitted function reads a Python global while it is traced;
+# the compiled program keeps the value it saw, and changing the global later changes nothing.
+LEARNING_RATE = 0.1
+
+
+@jax.jit
+def impure_sgd_step(params, grads):
+    """SGD that reads the module global LEARNING_RATE: frozen at its first trace."""
+    return jax.tree.map(lambda p, g: p - LEARNING_RATE * g, params, grads)
+
+
+def frozen_global_demo(params, grads) -> tuple[jax.Array, jax.Array]:
+    """Runs `impure_sgd_step` before and after setting LEARNING_RATE to 0, and returns
+    (how far the first call moved the params, how far the second did): both the same."""
+    global LEARNING_RATE
+    moved = lambda new: sum(
+        jnp.abs(a - b).sum() for a, b in zip(*map(jax.tree.leaves, (new, params)))
+    )
+    saved = LEARNING_RATE
+    try:
+        before = moved(impure_sgd_step(params, grads))
+        LEARNING_RATE = 0.0  # should stop learning; the compiled program never sees it
+        after = moved(impure_sgd_step(params, grads))
+    finally:
+        LEARNING_RATE = saved
+    return before, after

@@ -1,0 +1,111 @@
+"""A profiler trace, read without a UI: who was busy when, host and device, as spans.
+
+`jax.profiler.trace` writes an XSpace protobuf (`*.xplane.pb`); `jax.profiler.ProfileData`
+reads it as planes (a host, each device) of lines (threads, streams) of timed events.
+`trace_spans` keeps four rows a training loop is made of:
+
+- "host work": events named `HOST_WORK` (a `jax.profiler.TraceAnnotation` the caller opens);
+- "dispatch": the Python thread calling a jitted function (`PjitFunction(...)`), which
+  returns once the work is queued;
+- "wait": the Python thread blocked on a result (`np.asarray(jax.Array)`: `float(loss)`);
+- "device": compiled code executing. On a CPU backend these are the XLA CPU client's worker
+  threads (the "device" is other threads of the same processor); on a GPU, the device
+  plane's "XLA Modules" line.
+"""
+
+import dataclasses
+import pathlib
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+HOST_WORK = "host work"
+ROWS = (HOST_WORK, "dispatch", "wait", "device")
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    row: str  # one of ROWS
+    name: str  # the event's own name
+    start: float  # seconds since the first kept event
+    end: float
+
+
+def _row(plane_name: str, line_name: str, event_name: str) -> str | None:
+    if plane_name.startswith("/device:"):  # GPU/TPU: one event per executed program
+        return "device" if line_name == "XLA Modules" else None
+    if line_name == "python":
+        if event_name == HOST_WORK:
+            return HOST_WORK
+        if event_name.startswith("PjitFunction("):
+            return "dispatch"
+        if event_name == "np.asarray(jax.Array)":
+            return "wait"
+        return None
+    if "XLAPjRtCpuClient" in line_name and not event_name.startswith(
+        ("ThreadpoolListener", "end: ", "ThunkExecutor", "SlinkyThreadPool")
+    ):
+        return "device"
+    return None
+
+
+def spans_of(profile) -> list[Span]:
+    """The spans of a `jax.profiler.ProfileData`, sorted by start, times from the first one."""
+    raw = []
+    for plane in profile.planes:
+        for line in plane.lines:
+            for event in line.events:
+                row = _row(plane.name, line.name, event.name)
+                if row is not None:
+                    raw.append((row, event.name, event.start_ns, event.end_ns))
+    if not raw:
+        return []
+    origin = min(start for _, _, start, _ in raw)
+    spans = [Span(r, n, (s - origin) * 1e-9, (e - origin) * 1e-9) for r, n, s, e in raw]
+    spans.sort(key=lambda s: (s.start, s.row))
+    # A jitted call is recorded twice, nested (C++ and Python frames): keep the outer one.
+    kept, open_end = [], {}
+    for span in spans:
+        if span.start < open_end.get((span.row, span.name), float("-inf")):
+            continue
+        kept.append(span)
+        open_end[(span.row, span.name)] = span.end
+    return kept
+
+
+def trace_spans(run: Callable[[], Any], log_dir: str | pathlib.Path | None = None) -> list[Span]:
+    """Runs `run()` under `jax.profiler.trace` (Python function tracing off) and returns the
+    spans of the trace it wrote; waits for `run`'s result inside the trace."""
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0  # every Python call would be an event otherwise
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = pathlib.Path(log_dir or tmp)
+        with jax.profiler.trace(directory, profiler_options=options):
+            jax.block_until_ready(run())
+        files = sorted(directory.glob("**/*.xplane.pb"), key=lambda p: p.stat().st_mtime)
+        if not files:
+            raise RuntimeError(f"jax.profiler.trace wrote no *.xplane.pb under {directory}")
+        return spans_of(jax.profiler.ProfileData.from_file(str(files[-1])))
+
+
+def busy_seconds(spans: list[Span], row: str) -> float:
+    """Seconds during which at least one span of `row` was open (overlaps counted once)."""
+    total, end = 0.0, float("-inf")
+    for span in sorted((s for s in spans if s.row == row), key=lambda s: s.start):
+        if span.end > end:
+            total += span.end - max(span.start, end)
+            end = span.end
+    return total
+
+
+def draw_timeline(ax, spans: list[Span], title: str) -> None:
+    """One horizontal bar per span, one row per kind, on a matplotlib axis (milliseconds)."""
+    colours = {HOST_WORK: "C1", "dispatch": "C0", "wait": "C3", "device": "C2"}
+    for y, row in enumerate(ROWS):
+        bars = [(1e3 * s.start, 1e3 * (s.end - s.start)) for s in spans if s.row == row]
+        ax.broken_barh(bars, (y - 0.35, 0.7), color=colours[row])
+    ax.set_yticks(range(len(ROWS)), ROWS)
+    ax.invert_yaxis()
+    ax.set_title(title, fontsize=9, loc="left")

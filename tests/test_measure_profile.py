@@ -1,0 +1,42 @@
+import time
+
+import jax
+import jax.numpy as jnp
+
+from jaxloops import measure
+from jaxloops.measure.profile import HOST_WORK, Span
+
+
+def test_busy_seconds_counts_overlapping_spans_once():
+    spans = [
+        Span("device", "a", 0.0, 2.0),
+        Span("device", "b", 1.0, 3.0),
+        Span("device", "c", 5.0, 6.0),
+        Span("wait", "w", 0.0, 10.0),
+    ]
+    assert measure.busy_seconds(spans, "device") == 4.0
+    assert measure.busy_seconds(spans, "dispatch") == 0.0
+
+
+def test_a_trace_shows_host_work_dispatches_waits_and_device_execution():
+    matmul = jax.jit(lambda a: jnp.tanh(a @ a))
+    a = jnp.ones((64, 64))
+    matmul(a).block_until_ready()
+
+    def run():
+        x = a
+        for _ in range(3):
+            with jax.profiler.TraceAnnotation(HOST_WORK):
+                time.sleep(0.002)
+            x = matmul(x)
+            float(x[0, 0])  # a fetch: the host waits
+        return x
+
+    spans = measure.trace_spans(run)
+    rows = {row: [s for s in spans if s.row == row] for row in ("host work", "dispatch", "wait")}
+    assert len(rows["host work"]) == 3
+    assert sum(s.name == "PjitFunction(<lambda>)" for s in rows["dispatch"]) == 3
+    assert len(rows["wait"]) == 3
+    assert measure.busy_seconds(spans, "device") > 0
+    assert measure.busy_seconds(spans, HOST_WORK) >= 3 * 0.002
+    assert all(s.end >= s.start >= 0 for s in spans)

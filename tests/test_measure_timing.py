@@ -1,0 +1,74 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxloops import measure
+
+
+def test_count_compiles_counts_exactly_the_compilations_of_a_fresh_function():
+    @jax.jit
+    def scaled(x):
+        return 3.0 * x + 1.0
+
+    with measure.count_compiles() as log:
+        scaled(jnp.ones(3))
+        scaled(jnp.ones(3))  # same signature: reused
+        scaled(jnp.ones(5))  # new shape
+        scaled(jnp.ones(5, jnp.int32))  # new dtype
+    assert log.names.count("jit(scaled)") == 3
+    assert len(log.seconds) == log.count
+    assert log.seconds_of("jit(scaled)") > 0
+    with measure.count_compiles() as again:
+        scaled(jnp.ones(3))
+    assert again.count == 0
+
+
+def test_compiled_flops_of_a_matmul_is_2mnk():
+    m, k, n = 7, 11, 13
+    flops = measure.compiled_flops(jnp.matmul, jnp.ones((m, k)), jnp.ones((k, n)))
+    assert flops == pytest.approx(2 * m * n * k, rel=0.01)
+
+
+def test_time_call_waits_for_the_result_and_returns_a_positive_median():
+    calls = []
+
+    def fn(x):
+        calls.append(1)
+        return x + 1
+
+    seconds = measure.time_call(fn, jnp.ones(3), warmup=2, repeats=5)
+    assert seconds > 0 and len(calls) == 7
+    dispatch = measure.time_dispatch(fn, jnp.ones(3), warmup=1, repeats=3)
+    assert dispatch > 0 and len(calls) == 11
+    with pytest.raises(ValueError, match="repeats"):
+        measure.time_call(fn, jnp.ones(3), repeats=0)
+
+
+def test_interleaved_seconds_runs_every_run_each_round_and_keeps_the_fastest():
+    counts = {"a": 0, "b": 0}
+
+    def make(name):
+        def run():
+            counts[name] += 1
+            return jnp.ones(2)
+
+        return run
+
+    best = measure.interleaved_seconds({"a": make("a"), "b": make("b")}, rounds=4)
+    assert counts == {"a": 5, "b": 5}  # one warm-up and four timed calls each
+    assert set(best) == {"a", "b"} and all(s > 0 for s in best.values())
+    with pytest.raises(ValueError, match="rounds"):
+        measure.interleaved_seconds({"a": make("a")}, rounds=0)
+
+
+def test_allocated_bytes_counts_the_buffers():
+    tree = {"a": jnp.ones((3, 5), jnp.float32), "b": jnp.ones((7,), jnp.int32)}
+    assert measure.allocated_bytes(tree) >= 15 * 4 + 7 * 4
+
+
+def test_a_fresh_process_writes_the_persistent_cache(tmp_path):
+    seconds = measure.compile_in_fresh_process(tmp_path)
+    assert seconds > 0
+    assert any(tmp_path.iterdir())  # the compiled programs were stored for the next process
+    np.testing.assert_array_less(0, seconds)
