@@ -54,13 +54,18 @@ $(MATHJAX_STAMP):
 
 # One worker per core: the time is mostly XLA compiling. JAX's persistent compilation cache
 # (chapter 1) keeps compiled programs in _build/jax-cache, so a second run compiles less.
+# XLA_PYTHON_CLIENT_PREALLOCATE=false: on a GPU each worker (and each notebook kernel of the book)
+# takes memory as it needs it, instead of 75 % of the GPU each, which starves all but the first.
+# Float32 precision is pinned to HIGHEST for the tests by tests/conftest.py, for the book below.
 test: venv
-	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/_build/jax-cache $(BIN)/python -m pytest -n auto --durations=10
+	XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_COMPILATION_CACHE_DIR=$(CURDIR)/_build/jax-cache \
+	  $(BIN)/python -m pytest -n auto --durations=10
 
 # ruff, configured in pyproject.toml: lint and format check of the package, tests and scripts.
 lint: $(VENV)/.lint-installed
 	$(BIN)/ruff check code tests scripts
 	$(BIN)/ruff format --check code tests scripts
+	$(BIN)/actionlint .github/workflows/*.yml
 
 $(VENV)/.lint-installed: requirements-lint.txt $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet -r requirements-lint.txt
@@ -83,7 +88,9 @@ book: venv mathjax
 	rm -rf _build/html _build/.doctrees _build/jupyter_execute _build/roofline.json
 	# MPLBACKEND=Agg in the environment would stop figures from reaching the pages: unset it.
 	# JAXLOOPS_ROOFLINE: the first chapter that needs the roofline measures it; the rest read it.
+	# JAX_DEFAULT_MATMUL_PRECISION=highest: float32 means float32 (not TF32 on NVIDIA GPUs).
 	env -u MPLBACKEND JAXLOOPS_ROOFLINE=$(CURDIR)/_build/roofline.json \
+	  XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest \
 	  $(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 	@echo "Open _build/html/index.html in a browser."
 
