@@ -33,6 +33,11 @@ def test_sizes_of_every_backend_are_consistent(backend):
         max_len=lm.seq_len,
     )
     assert config.head_dim * lm.heads == lm.model_dim
+    # Chapter 12: the batch and the training rows split evenly over the mesh.
+    shard = sizes.sharding
+    assert shard.devices >= 2 and shard.batch_size % shard.devices == 0
+    assert shard.examples % shard.devices == 0 and shard.batch_size <= shard.examples <= 1347
+    assert shard.epochs >= 1 and all(width % shard.devices == 0 for width in shard.hidden)
 
 
 def test_gpu_sizes_are_larger_than_cpu_sizes():

@@ -15,6 +15,7 @@ Where things live:
                       step, the loop, evaluation, attention, the KV cache, the transformer,
                       generation, and `experiment_sizes()`.
   jaxloops.measure    measuring: timing, throughput, sweeps, the roofline, machine facts.
+  jaxloops.sharding   the rest of chapter 12: placement, HLO collectives, multi-process runs.
   jaxloops.solutions  the answers to the chapters' exercises.
 
 Two rules, applied everywhere:
@@ -57,6 +58,13 @@ from jaxloops.kvcache import (
 from jaxloops.loop import fit, make_epoch, python_loop, unstack
 from jaxloops.losses import accuracy, checked_cross_entropy, cross_entropy
 from jaxloops.mlp import init_mlp, mlp_logits, mlp_loss
+from jaxloops.sharding import (
+    data_mesh,
+    fit_data_parallel,
+    shard_map_step,
+    sharded_step,
+    strategy_specs,
+)
 from jaxloops.text import (
     Corpus,
     ids_to_text,
@@ -92,6 +100,7 @@ __all__ = (
     "checked_confusion_matrix",
     "checked_cross_entropy",
     "cross_entropy",
+    "data_mesh",
     "decay_mask",
     "decode_attention",
     "decode_step",
@@ -101,6 +110,7 @@ __all__ = (
     "experiment_sizes",
     "finite_difference",
     "fit",
+    "fit_data_parallel",
     "generate",
     "generate_without_cache",
     "ids_to_text",
@@ -125,9 +135,12 @@ __all__ = (
     "sample_token",
     "sample_windows",
     "sgd_update",
+    "shard_map_step",
+    "sharded_step",
     "Sizes",
     "spaced_windows",
     "Split",
+    "strategy_specs",
     "text_to_ids",
     "to_device",
     "transformer_logits",

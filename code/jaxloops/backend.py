@@ -69,6 +69,19 @@ class LanguageModelSizes:
 
 
 @dataclasses.dataclass(frozen=True)
+class ShardingSizes:
+    """Chapter 12: the digits MLP, data parallel and FSDP over a mesh of devices."""
+
+    devices: int  # n, the size of the mesh's "data" axis (simulated CPU devices on a CPU)
+    hidden: tuple[int, ...]  # hidden widths F of the MLP
+    batch_size: int  # global B, split over the n devices
+    examples: int  # training rows used, divisible by n
+    epochs: int
+    learning_rate: float
+    weight_decay: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Sizes:
     """Experiment sizes for one backend, one part per group of chapters."""
 
@@ -77,6 +90,7 @@ class Sizes:
     loop: LoopSizes
     attention: AttentionSizes
     lm: LanguageModelSizes
+    sharding: ShardingSizes
 
 
 _CPU = Sizes(
@@ -120,6 +134,15 @@ _CPU = Sizes(
         weight_decay=0.1,
         decode_batch=8,
     ),
+    sharding=ShardingSizes(
+        devices=8,
+        hidden=(256, 256),
+        batch_size=128,
+        examples=1344,  # the digits training split has 1347 rows; 1344 = 168 x 8
+        epochs=3,
+        learning_rate=3e-3,
+        weight_decay=1e-2,
+    ),
 )
 
 _GPU = Sizes(
@@ -162,6 +185,15 @@ _GPU = Sizes(
         learning_rate=1e-3,
         weight_decay=0.1,
         decode_batch=8,
+    ),
+    sharding=ShardingSizes(
+        devices=8,  # 8 GPUs of one host, or 8 simulated CPU devices where fewer are found
+        hidden=(1024, 1024),
+        batch_size=512,
+        examples=1344,
+        epochs=10,
+        learning_rate=3e-3,
+        weight_decay=1e-2,
     ),
 )
 
