@@ -22,6 +22,10 @@ def test_sizes_of_every_backend_are_consistent(backend):
     assert set(attn.causal_lengths) <= set(attn.lengths) | set(attn.causal_lengths)
     assert attn.heads >= 1 and attn.head_dim >= 1 and attn.repeats >= 1
     assert lm.steps % lm.eval_every == 0
+    ckpt = sizes.checkpoint
+    assert 0 < ckpt.kill_epoch < ckpt.epochs and 0 < ckpt.stop_epoch < ckpt.epochs
+    assert ckpt.keep_last >= 1 and ckpt.lm_windows >= lm.batch_size
+    assert ckpt.lm_text_bytes > ckpt.lm_windows  # room to cut the windows from
     # The language model's sizes must build a config (divisibility of D by N, N by K).
     config = jaxloops.TransformerConfig(
         vocab_size=97,

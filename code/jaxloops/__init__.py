@@ -35,6 +35,12 @@ Two rules, applied everywhere:
 from jaxloops.attention import attention, attention_weights, causal_mask, check_attention_shapes
 from jaxloops.backend import Sizes, experiment_sizes
 from jaxloops.blockwise import blockwise_attention, online_softmax_step
+from jaxloops.checkpoint import (
+    BrokenCheckpointWarning,
+    checkpoint_hook,
+    checkpoint_manager,
+    restore_latest,
+)
 from jaxloops.data import Batch, Split, epoch_batches, load_digits_split, ragged_batches, to_device
 from jaxloops.evaluate import (
     EvalBatches,
@@ -92,9 +98,12 @@ __all__ = (
     "attention_weights",
     "Batch",
     "blockwise_attention",
+    "BrokenCheckpointWarning",
     "cached_logits",
     "causal_mask",
     "check_attention_shapes",
+    "checkpoint_hook",
+    "checkpoint_manager",
     "confusion_matrix",
     "Corpus",
     "checked_confusion_matrix",
@@ -132,6 +141,7 @@ __all__ = (
     "per_class_accuracy",
     "python_loop",
     "ragged_batches",
+    "restore_latest",
     "sample_token",
     "sample_windows",
     "sgd_update",

@@ -82,6 +82,19 @@ class ShardingSizes:
 
 
 @dataclasses.dataclass(frozen=True)
+class CheckpointSizes:
+    """Chapter 13: the runs that are stopped, killed and resumed (the MLP of part `loop`, a
+    transformer of part `lm`'s shape trained on a fixed set of windows)."""
+
+    epochs: int  # N, the epochs of every uninterrupted run
+    stop_epoch: int  # k: the stopped run saves after epoch k and exits
+    kill_epoch: int  # the killed run is killed once epoch kill_epoch is saved
+    keep_last: int  # checkpoints kept besides the best
+    lm_text_bytes: int  # standard-library text the transformer's windows are cut from
+    lm_windows: int  # training windows (examples) of the transformer
+
+
+@dataclasses.dataclass(frozen=True)
 class Sizes:
     """Experiment sizes for one backend, one part per group of chapters."""
 
@@ -90,6 +103,7 @@ class Sizes:
     loop: LoopSizes
     attention: AttentionSizes
     lm: LanguageModelSizes
+    checkpoint: CheckpointSizes
     sharding: ShardingSizes
 
 
@@ -133,6 +147,14 @@ _CPU = Sizes(
         learning_rate=3e-3,
         weight_decay=0.1,
         decode_batch=8,
+    ),
+    checkpoint=CheckpointSizes(
+        epochs=6,
+        stop_epoch=3,
+        kill_epoch=2,
+        keep_last=2,
+        lm_text_bytes=2**16,
+        lm_windows=64,
     ),
     sharding=ShardingSizes(
         devices=8,
@@ -185,6 +207,14 @@ _GPU = Sizes(
         learning_rate=1e-3,
         weight_decay=0.1,
         decode_batch=8,
+    ),
+    checkpoint=CheckpointSizes(
+        epochs=20,
+        stop_epoch=8,
+        kill_epoch=5,
+        keep_last=2,
+        lm_text_bytes=2**20,
+        lm_windows=1024,
     ),
     sharding=ShardingSizes(
         devices=8,  # 8 GPUs of one host, or 8 simulated CPU devices where fewer are found

@@ -1,0 +1,200 @@
+"""Checkpoints for `fit` with orbax-checkpoint: save what a resume needs, never load a broken one.
+
+A checkpoint holds the parameters, the optimizer state and the data-order key (one
+StandardSave item, "state") and the epoch reached (one JsonSave item, "progress"): epoch e's
+order is `fold_in(key, e)`, so `fit(..., start_epoch=epoch)` replays the uninterrupted run.
+"""
+
+import errno
+import pathlib
+import re
+import warnings
+from typing import Any, NamedTuple
+
+import jax
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers
+
+from jaxloops.loop import Hook
+
+
+class BrokenCheckpointWarning(UserWarning):
+    """A checkpoint on disk could not be read; an older one is used instead."""
+
+
+class Restored(NamedTuple):
+    """What `restore_latest` read back: everything `fit` needs to resume."""
+
+    epoch: int  # epochs completed: pass as start_epoch
+    key: jax.Array  # the data-order key of the run
+    params: Any
+    opt_state: Any
+
+
+def checkpoint_manager(
+    directory, *, keep_last: int, best_metric: str | None = None
+) -> ocp.CheckpointManager:
+    """A CheckpointManager over `directory` that saves asynchronously.
+
+    Keeps the `keep_last` newest checkpoints and, if `best_metric` is given, also the one
+    with the lowest value of that metric (e.g. "val_loss"); deletes the rest.
+    """
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+    keep = [checkpoint_managers.LatestN(n=keep_last)]
+    if best_metric is not None:
+        lowest = checkpoint_managers.BestN(
+            get_metric_fn=lambda metrics: metrics[best_metric], reverse=True, n=1
+        )
+        keep.append(lowest)
+    options = ocp.CheckpointManagerOptions(
+        preservation_policy=checkpoint_managers.AnyPreservationPolicy(keep),
+        enable_async_checkpointing=True,
+    )
+    handlers = {"state": ocp.StandardCheckpointHandler(), "progress": ocp.JsonCheckpointHandler()}
+    return ocp.CheckpointManager(
+        pathlib.Path(directory).absolute(), options=options, item_handlers=handlers
+    )
+
+
+def checkpoint_hook(manager: ocp.CheckpointManager, key: jax.Array, evaluate=None) -> Hook:
+    """A `fit` hook that saves a checkpoint, step = epoch, after every compiled call.
+
+    Args:
+      key: the data-order key given to `fit` (a typed key, saved with the state).
+      evaluate: optional `evaluate(params) -> {"val_loss": ...}`; its metrics are saved
+        with the checkpoint (for keeping the best) and returned to `fit`'s History.
+    """
+
+    def hook(epoch, params, opt_state):
+        metrics = None
+        if evaluate is not None:
+            metrics = {name: float(value) for name, value in evaluate(params).items()}
+        state = {"params": params, "opt_state": opt_state, "key": key}
+        manager.save(
+            epoch,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), progress=ocp.args.JsonSave({"epoch": epoch})
+            ),
+            metrics=metrics,
+        )
+        # save() returns once the arrays are copied to the host; the write to disk goes on
+        # in a background thread, so fit may donate params and opt_state to its next call.
+        return metrics
+
+    return hook
+
+
+def restore_latest(manager: ocp.CheckpointManager, key, params, opt_state) -> Restored | None:
+    """Restores the newest checkpoint that reads back whole; None if there is none.
+
+    A checkpoint that fails to read (a file missing, truncated or corrupt) is reported with
+    a BrokenCheckpointWarning naming its step and the file, and the next older one is tried.
+
+    Args:
+      key, params, opt_state: the structure to restore into: arrays or
+        jax.ShapeDtypeStruct, whose shardings (if any) say where the restored arrays go.
+    Raises:
+      ValueError: the checkpoint's tree does not match (names the path in the tree).
+    """
+    target = {"params": params, "opt_state": opt_state, "key": key}
+    abstract = jax.tree.map(abstract_array, target)
+    for step in sorted(manager.all_steps(), reverse=True):
+        try:
+            saved = manager.item_metadata(step)["state"]
+            if saved is None or not jax.tree.leaves(saved):  # orbax reads a lost index as empty
+                index = pathlib.Path(manager.directory) / str(step) / "state" / "_METADATA"
+                raise FileNotFoundError(errno.ENOENT, "no readable tree metadata", str(index))
+        except Exception as error:  # noqa: BLE001 - any failure to read means broken
+            report_broken(manager, step, error)
+            continue
+        check_structure(saved, abstract, step)
+        try:
+            restored = manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract), progress=ocp.args.JsonRestore()
+                ),
+            )
+        except Exception as error:  # noqa: BLE001
+            report_broken(manager, step, error)
+            continue
+        state = restored["state"]
+        return Restored(
+            restored["progress"]["epoch"], state["key"], state["params"], state["opt_state"]
+        )
+    return None
+
+
+def abstract_array(leaf) -> jax.ShapeDtypeStruct:
+    """The shape, dtype and sharding of an array (or of a ShapeDtypeStruct)."""
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=getattr(leaf, "sharding", None))
+
+
+def report_broken(manager: ocp.CheckpointManager, step: int, error: Exception) -> None:
+    """Warns that checkpoint `step` is unreadable, naming the file that failed."""
+    chain = []  # orbax wraps the storage layer's error: read the whole chain
+    while error is not None and error not in chain:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    text = " ".join(str(e) for e in chain)
+    files = re.findall(r'local file "([^"]+)"', text)
+    files += [e.filename for e in chain if getattr(e, "filename", None)]
+    where = files[-1] if files else str(pathlib.Path(manager.directory) / str(step))
+    entries = re.findall(r'Error reading "([^"]+)" in OCDBT', text)  # the array inside a file
+    if entries and where.endswith("/"):
+        where += f" (array {entries[-1].split('/')[0]})"
+    reason = str(chain[-1]).split(" [tensorstore_spec")[0]
+    warnings.warn(
+        f"checkpoint step {step} is broken: {where}: {reason}; skipping it",
+        BrokenCheckpointWarning,
+        stacklevel=3,
+    )
+
+
+def tree_paths(tree) -> dict[str, tuple[tuple[int, ...], str]]:
+    """'params.dense_0.w' -> (shape, dtype) for every leaf; typed keys as their key data."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    out = {}
+    for path, leaf in leaves:
+        name = ".".join(
+            str(getattr(part, "key", getattr(part, "idx", getattr(part, "name", part))))
+            for part in path
+        )
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.eval_shape(jax.random.key_data, leaf)
+        out[name] = (tuple(leaf.shape), str(leaf.dtype))
+    return out
+
+
+def check_structure(saved, target, step: int) -> None:
+    """Raises a ValueError naming the first path where `saved` and `target` differ."""
+    saved, target = tree_paths(saved), tree_paths(target)
+    for name in sorted(saved.keys() | target.keys()):
+        if name not in target:
+            raise ValueError(f"checkpoint step {step} has {name}, which the target tree lacks")
+        if name not in saved:
+            raise ValueError(f"checkpoint step {step} has no {name}, which the target tree has")
+        if saved[name] != target[name]:
+            (s_shape, s_dtype), (t_shape, t_dtype) = saved[name], target[name]
+            raise ValueError(
+                f"checkpoint step {step}: {name} is saved as {s_dtype}{list(s_shape)}, "
+                f"the target has {t_dtype}{list(t_shape)}"
+            )
+
+
+def checkpoint_bytes(manager: ocp.CheckpointManager, step: int) -> int:
+    """Bytes on disk of checkpoint `step`, every file counted."""
+    files = (pathlib.Path(manager.directory) / str(step)).rglob("*")
+    return sum(path.stat().st_size for path in files if path.is_file())
+
+
+def state_bytes(tree) -> int:
+    """Bytes of the arrays of a tree (a typed key counts as its key data)."""
+    leaves = jax.tree.leaves(tree)
+    return sum(
+        jax.random.key_data(leaf).nbytes
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+        else leaf.nbytes
+        for leaf in leaves
+    )

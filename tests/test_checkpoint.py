@@ -1,0 +1,215 @@
+import json
+import subprocess
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxloops
+from jaxloops import checkpoint, checkpoint_worker
+
+EPOCHS, STOP, KILL = 3, 1, 2
+
+
+def small_state(shift: float = 0.0):
+    """Odd, distinct sizes so that a transposed axis cannot pass by accident."""
+    shift = float(shift)
+    params = {"dense": {"w": jnp.arange(35.0).reshape(5, 7) + shift, "b": jnp.full(7, shift)}}
+    return params, optax.adamw(1e-3).init(params), jax.random.key(11)
+
+
+def save_steps(directory, steps, **manager_options):
+    manager = checkpoint.checkpoint_manager(directory, **manager_options)
+    for step in steps:
+        params, opt_state, key = small_state(step)
+        checkpoint.checkpoint_hook(manager, key)(step, params, opt_state)
+    manager.wait_until_finished()
+    return manager
+
+
+def data_file(directory, step):
+    """The largest array file of checkpoint `step` (state/d holds the merged OCDBT data)."""
+    return max((directory / str(step) / "state" / "d").iterdir(), key=lambda p: p.stat().st_size)
+
+
+def test_restore_returns_every_leaf_and_the_typed_key(tmp_path):
+    params, opt_state, key = small_state(3.0)
+    manager = save_steps(tmp_path, [3], keep_last=2)
+    like = jax.eval_shape(lambda: (params, opt_state))
+    restored = checkpoint.restore_latest(manager, key, *like)
+    assert restored.epoch == 3
+    assert restored.key.dtype == key.dtype
+    np.testing.assert_array_equal(jax.random.key_data(restored.key), jax.random.key_data(key))
+    for got, want in zip(jax.tree.leaves(restored[2:]), jax.tree.leaves((params, opt_state))):
+        np.testing.assert_array_equal(got, want)
+    assert jax.tree.structure(restored.opt_state) == jax.tree.structure(opt_state)
+
+
+def test_save_has_read_the_arrays_when_it_returns(tmp_path):
+    """fit donates params after the hook returns: deleting them then must not lose the save."""
+    params, opt_state, key = small_state(5.0)
+    expected = np.asarray(params["dense"]["w"])
+    manager = checkpoint.checkpoint_manager(tmp_path, keep_last=1)
+    checkpoint.checkpoint_hook(manager, key)(1, params, opt_state)
+    for leaf in jax.tree.leaves((params, opt_state)):
+        leaf.delete()
+    manager.wait_until_finished()
+    like = jax.eval_shape(lambda: small_state()[:2])
+    restored = checkpoint.restore_latest(manager, key, *like)
+    np.testing.assert_array_equal(restored.params["dense"]["w"], expected)
+
+
+def test_no_checkpoint_restores_none(tmp_path):
+    params, opt_state, key = small_state()
+    manager = checkpoint.checkpoint_manager(tmp_path, keep_last=1)
+    assert checkpoint.restore_latest(manager, key, params, opt_state) is None
+
+
+def test_broken_checkpoints_are_reported_and_skipped(tmp_path):
+    save_steps(tmp_path, [1, 2, 3, 4], keep_last=4)
+    truncated = data_file(tmp_path, 4)
+    truncated.write_bytes(truncated.read_bytes()[:8])  # cut short: 8 bytes left
+    data_file(tmp_path, 3).unlink()
+    (tmp_path / "2" / "state" / "_METADATA").unlink()
+    params, opt_state, key = small_state()
+    with pytest.warns(checkpoint.BrokenCheckpointWarning) as caught:
+        restored = checkpoint.restore_latest(
+            checkpoint.checkpoint_manager(tmp_path, keep_last=4), key, params, opt_state
+        )
+    messages = [str(w.message) for w in caught if w.category is checkpoint.BrokenCheckpointWarning]
+    assert [m.split(" is broken")[0] for m in messages] == [
+        f"checkpoint step {s}" for s in (4, 3, 2)
+    ]
+    for step, message in zip((4, 3, 2), messages):
+        assert str(tmp_path / str(step)) in message
+    assert restored.epoch == 1
+    np.testing.assert_array_equal(restored.params["dense"]["b"], np.full(7, 1.0))
+
+
+def test_partially_written_checkpoint_is_never_listed(tmp_path):
+    """orbax writes into a temporary directory, renamed when complete; a kill leaves only that."""
+    manager = save_steps(tmp_path, [1, 2], keep_last=3)
+    partial = tmp_path / "3.orbax-checkpoint-tmp-1234567"
+    (tmp_path / "2").rename(partial)
+    data_file(partial.parent, partial.name).unlink()
+    params, opt_state, key = small_state()
+    manager = checkpoint.checkpoint_manager(tmp_path, keep_last=3)
+    assert manager.all_steps() == [1]
+    assert checkpoint.restore_latest(manager, key, params, opt_state).epoch == 1
+
+
+def test_mismatched_structure_names_the_path(tmp_path):
+    manager = save_steps(tmp_path, [1], keep_last=1)
+    params, opt_state, key = small_state()
+    wide = {"dense": {"w": jnp.zeros((5, 9)), "b": jnp.zeros(9)}}
+    with pytest.raises(
+        ValueError, match=r"step 1: opt_state\.0\.mu\.dense\.b .*float32\[7\].*\[9\]"
+    ):
+        checkpoint.restore_latest(manager, key, wide, optax.adamw(1e-3).init(wide))
+    extra = {**params, "head": {"w": jnp.zeros((7, 3))}}
+    with pytest.raises(ValueError, match=r"has no params\.head\.w"):
+        checkpoint.restore_latest(manager, key, extra, opt_state)
+    with pytest.raises(ValueError, match=r"keep_last must be >= 1, got 0"):
+        checkpoint.checkpoint_manager(tmp_path, keep_last=0)
+
+
+def test_retention_keeps_the_last_and_the_best(tmp_path):
+    losses = {1: 0.9, 2: 0.3, 3: 0.5, 4: 0.7, 5: 0.8, 6: 0.6}
+    manager = checkpoint.checkpoint_manager(tmp_path, keep_last=2, best_metric="val_loss")
+    for step, loss in losses.items():
+        params, opt_state, key = small_state(step)
+        hook = checkpoint.checkpoint_hook(manager, key, evaluate=lambda p, v=loss: {"val_loss": v})
+        assert hook(step, params, opt_state) == {"val_loss": loss}
+    manager.wait_until_finished()
+    on_disk = sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit())
+    assert on_disk == [2, 5, 6]
+
+
+def test_state_bytes_counts_adam_as_three_times_the_params():
+    params, opt_state, key = small_state()
+    param_bytes = checkpoint.state_bytes(params)
+    assert param_bytes == (35 + 7) * 4
+    assert checkpoint.state_bytes((params, opt_state, key)) == 3 * param_bytes + 4 + 8
+
+
+@pytest.fixture(scope="module")
+def resumed_runs(tmp_path_factory):
+    """Stops the MLP and the transformer after STOP epochs, kills an MLP run, then resumes all
+    three in one new process; returns what it ended with and the uninterrupted runs."""
+    root = tmp_path_factory.mktemp("resume")
+    runs = {m: checkpoint_worker.experiment(m) for m in ("mlp", "transformer")}
+    for model, run in runs.items():
+        manager = checkpoint.checkpoint_manager(root / model, keep_last=2)
+        jaxloops.fit(
+            run.key, *run.init(), run.train_step, run.data, batch_size=run.batch_size,
+            epochs=STOP, epochs_per_call=1, hook=checkpoint.checkpoint_hook(manager, run.key),
+        )  # fmt: skip
+        manager.wait_until_finished()
+    command = checkpoint_worker.worker_command(
+        "train", f"mlp:{root / 'killed'}", "--epochs", EPOCHS, "--slow", 1
+    )
+    status, printed = checkpoint_worker.kill_after(command, f"mlp: saved epoch {KILL}")
+    resume = checkpoint_worker.worker_command(
+        "train", f"mlp:{root / 'mlp'}", f"transformer:{root / 'transformer'}",
+        f"mlp:{root / 'killed'}", "--epochs", EPOCHS, "--out", root / "final.npz",
+    )  # fmt: skip
+    finished = subprocess.run(resume, capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    uninterrupted = {}
+    for model, run in runs.items():
+        params, opt_state, _ = jaxloops.fit(
+            run.key, *run.init(), run.train_step, run.data, batch_size=run.batch_size,
+            epochs=EPOCHS, epochs_per_call=1,
+        )  # fmt: skip
+        state = {"params": params, "opt_state": opt_state}
+        uninterrupted[model] = checkpoint_worker.flat_arrays(state)
+    return dict(
+        status=status, printed=printed, stdout=finished.stdout,
+        final=dict(np.load(root / "final.npz")), uninterrupted=uninterrupted,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("index", "model"), [(0, "mlp"), (1, "transformer"), (2, "mlp")])
+def test_resumed_run_equals_the_uninterrupted_run_bit_for_bit(resumed_runs, index, model):
+    reference = resumed_runs["uninterrupted"][model]
+    final = resumed_runs["final"]
+    assert len(reference) > 5
+    for name, value in reference.items():
+        np.testing.assert_array_equal(final[f"{index}.{name}"], value, err_msg=name)
+
+
+def test_the_killed_run_was_killed_and_resumed_from_its_checkpoint(resumed_runs):
+    assert resumed_runs["status"] == -9
+    assert resumed_runs["printed"][-1] == f"mlp: saved epoch {KILL}"
+    starts = [line for line in resumed_runs["stdout"].splitlines() if "starting at" in line]
+    assert starts[:2] == [
+        f"mlp: starting at epoch {STOP}",
+        f"transformer: starting at epoch {STOP}",
+    ]
+    # The save of epoch KILL may have been cut off; the one before it had finished.
+    assert starts[2] in {f"mlp: starting at epoch {KILL}", f"mlp: starting at epoch {KILL - 1}"}
+
+
+def test_checkpoint_from_8_devices_restores_onto_4(tmp_path):
+    run = lambda *args: subprocess.run(
+        checkpoint_worker.worker_command(*args), capture_output=True, text=True, check=True
+    )
+    saved = json.loads(run("mesh-save", tmp_path / "ckpt", "--devices", 8).stdout)
+    restored = json.loads(
+        run("mesh-restore", tmp_path / "ckpt", "--devices", 4, "--out", tmp_path / "4.npz").stdout
+    )
+    assert saved["devices"] == 8 and restored["devices"] == 4
+    assert max(saved["shards"].values()) == 8 and max(restored["shards"].values()) == 4
+    four = np.load(tmp_path / "4.npz")
+    params = checkpoint_worker.experiment("mlp").init()[0]
+    reference = checkpoint_worker.flat_arrays({"params": params})
+    assert sorted(four.files) == sorted(reference)
+    for name, value in reference.items():
+        np.testing.assert_array_equal(four[name], value, err_msg=name)
+
+
+def test_unknown_model_is_named():
+    with pytest.raises(ValueError, match="'resnet'"):
+        checkpoint_worker.experiment("resnet")
