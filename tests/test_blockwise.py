@@ -95,13 +95,13 @@ def test_gradient_scratch_is_a_small_fraction_of_naive():
     assert blockwise * 8 <= naive, (blockwise, naive)
 
 
-def test_causal_chunks_see_only_the_key_blocks_up_to_their_last_query():
-    tiling = Tiling(T=20, S=20, q_block=4, k_block=3, is_causal=True)
-    # Chunks of 8 queries: the first ends at query 7 (key block 2 holds keys 6-8), the
+def test_causal_query_tiles_see_only_the_key_blocks_up_to_their_last_query():
+    tiling = Tiling(T=20, S=20, q_block=8, k_block=3, is_causal=True)
+    # Tiles of 8 queries: the first ends at query 7 (key block 2 holds keys 6-8), the
     # second at 15 (block 5), the third at 23, capped at the 7 blocks there are.
-    counts = [int(visible_key_blocks(c, 8, tiling, 7)) for c in range(3)]
+    counts = [int(visible_key_blocks(tile, tiling, 7)) for tile in range(3)]
     assert counts == [3, 6, 7]
-    assert visible_key_blocks(0, 8, tiling._replace(is_causal=False), 7) == 7
+    assert visible_key_blocks(0, tiling._replace(is_causal=False), 7) == 7
 
 
 def test_online_softmax_over_two_blocks_equals_softmax():

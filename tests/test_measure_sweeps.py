@@ -50,3 +50,35 @@ def test_numerics_table_reports_errors_and_refusals():
     assert naive["max_abs_error"] < 1e-5 and naive["error"] == ""
     if jax.default_backend() == "cpu":
         assert cudnn["max_abs_error"] is None and "cuDNN" in cudnn["error"]
+
+
+def test_causal_sweep_pairs_full_and_causal_calls():
+    rows = measure.causal_sweep(
+        jax.random.key(0),
+        (12,),
+        ("naive", "blockwise"),
+        dtype="float32",
+        batch=1,
+        heads=3,
+        head_dim=5,
+        block_size=4,
+        repeats=3,
+        materialise_max_length=12,
+    )
+    assert [(r["implementation"], r["T"]) for r in rows] == [("naive", 12), ("blockwise", 12)]
+    for row in rows:
+        assert row["speedup_low"] <= row["speedup"] <= row["speedup_high"]
+    naive = rows[0]
+    # Masking does not remove work from a program that builds the whole (T, S) matrix.
+    assert naive["causal_flops"] >= naive["full_flops"]
+
+
+def test_compiled_costs_count_the_two_matmuls_of_naive_attention():
+    query, key_, value = measure.random_qkv(
+        jax.random.key(0), batch=1, length=32, heads=3, head_dim=8
+    )
+    costs = measure.compiled_costs(jaxloops.attention, query, key_, value)
+    matmuls = 4 * 1 * 3 * 32 * 32 * 8  # 2 FLOPs per multiply-add, two products of T x S x H
+    assert matmuls <= costs["flops"] <= 1.5 * matmuls
+    assert costs["temp_bytes"] >= 3 * 32 * 32 * 4  # one float32 (B, N, T, S) array at least
+    assert costs["bytes_accessed"] >= 3 * query.nbytes  # reads Q, K, V at least once

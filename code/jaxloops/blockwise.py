@@ -3,9 +3,11 @@
 The (T, S) score matrix is never built, forward or backward. Queries are cut into blocks of
 Tb and keys into blocks of Sb. As in FlashAttention-2, the work is split over query blocks:
 each one walks the key blocks with the running max, sum and output of an online softmax,
-independently of the others, so `parallel_blocks` of them go through the walk together
-(`jax.vmap`). The backward pass (`jax.custom_vjp`) keeps only Q, K, V, the output and one
-log-sum-exp per query row, and recomputes each tile's scores from them.
+independently of the others, so `parallel_blocks` (P) of them walk together, stacked into
+one tile of Tq = P * Tb rows: what `jax.vmap` over the blocks computes, without the copies
+of every score tile that its batch axis costs. The backward pass (`jax.custom_vjp`) keeps
+only Q, K, V, the output and one log-sum-exp per query row, and recomputes each tile's
+scores from them.
 """
 
 import functools
@@ -24,7 +26,7 @@ class Tiling(NamedTuple):
 
     T: int  # queries before padding
     S: int  # keys before padding
-    q_block: int  # Tb
+    q_block: int  # Tq = P * Tb: rows of one query tile
     k_block: int  # Sb
     is_causal: bool
 
@@ -56,146 +58,143 @@ def online_softmax_step(carry, scores, value_block):
 
 
 def tile_scores(query_block, key_block, q_start, k_start, tiling: Tiling):
-    """Scaled, masked float32 logits of one (query block, key block) tile.
+    """Masked float32 logits of one (query tile, key block) tile.
 
     Args:
-      query_block: (B, K, G, Tb, H); key_block: (B, K, Sb, H).
+      query_block: (B, K, G, Tq, H), already multiplied by 1/sqrt(H) (once per query tile,
+        instead of once per score); key_block: (B, K, Sb, H).
       q_start, k_start: positions of the blocks' first query and first key.
 
     Returns:
-      (B, K, G, Tb, Sb); padded keys and, if causal, keys after the query get the fill value.
+      (B, K, G, Tq, Sb); padded keys and, if causal, keys after the query get the fill value.
     """
-    H = query_block.shape[-1]
     scores = jnp.einsum(
         "BKGTH,BKSH->BKGTS", query_block, key_block, preferred_element_type=jnp.float32
-    )  # (B, K, G, Tb, Sb)
-    scores = scores * (1.0 / math.sqrt(H))
+    )  # (B, K, G, Tq, Sb)
     k_pos = k_start + jnp.arange(tiling.k_block)  # (Sb,)
     visible = None
     if tiling.S % tiling.k_block:  # keys padded up to a whole block never count
         visible = jnp.broadcast_to(k_pos < tiling.S, (tiling.q_block, tiling.k_block))
     if tiling.is_causal:
-        q_pos = q_start + jnp.arange(tiling.q_block)  # (Tb,)
-        causal = q_pos[:, None] >= k_pos[None, :]  # (Tb, Sb)
+        q_pos = q_start + jnp.arange(tiling.q_block)  # (Tq,)
+        causal = q_pos[:, None] >= k_pos[None, :]  # (Tq, Sb)
         visible = causal if visible is None else visible & causal
     if visible is None:
         return scores
     return jnp.where(visible, scores, masked_fill_value(jnp.float32))
 
 
-def visible_key_blocks(chunk, query_chunk_len: int, tiling: Tiling, n_key_blocks: int):
-    """How many key blocks, from the first, a chunk of queries must see.
+def visible_key_blocks(tile, tiling: Tiling, n_key_blocks: int):
+    """How many key blocks, from the first, query tile number `tile` must see.
 
-    Causal: the chunk's last query sees keys up to its own position, and no block after.
+    Causal: the tile's last query sees keys up to its own position, and no block after.
     """
     if not tiling.is_causal:
         return n_key_blocks
-    last_query = (chunk + 1) * query_chunk_len - 1
+    last_query = (tile + 1) * tiling.q_block - 1
     return jnp.minimum(last_query // tiling.k_block + 1, n_key_blocks)
 
 
 def _forward(query, key, value, tiling: Tiling):
-    """Output and per-row log-sum-exp, query chunks one after another.
+    """Output and per-row log-sum-exp, query tiles one after another.
 
     Args:
-      query: (nC, P, B, K, G, Tb, H), P query blocks per chunk.
+      query: (nC, B, K, G, Tq, H): tiles of Tq = P * Tb query rows.
       key, value: (nS, B, K, Sb, H).
 
     Returns:
-      out (nC, P, B, K, G, Tb, H) float32, lse (nC, P, B, K, G, Tb) float32.
+      out (nC, B, K, G, Tq, H) float32, lse (nC, B, K, G, Tq) float32.
     """
-    _, P, B, K, G, Tb, H = query.shape
+    _, B, K, G, Tq, H = query.shape
     n_key_blocks, Sb = key.shape[0], key.shape[3]
     fill = masked_fill_value(jnp.float32)
 
-    def one_chunk(args):
-        query_chunk, chunk = args  # (P, B, K, G, Tb, H), ()
-        q_starts = (chunk * P + jnp.arange(P)) * Tb  # (P,)
+    def one_query_tile(args):
+        query_tile, chunk = args  # (B, K, G, Tq, H), ()
+        query_tile = query_tile * jnp.asarray(1.0 / math.sqrt(H), query_tile.dtype)
 
         def fold_key_block(j, carry):
-            key_block, value_block = key[j], value[j]  # (B, K, Sb, H) each
-            # The P query blocks are independent: vmap them over the same key block.
-            scores = jax.vmap(tile_scores, in_axes=(0, None, 0, None, None))(
-                query_chunk, key_block, q_starts, j * Sb, tiling
-            )  # (P, B, K, G, Tb, Sb)
-            return jax.vmap(online_softmax_step, in_axes=(0, 0, None))(carry, scores, value_block)
+            scores = tile_scores(query_tile, key[j], chunk * Tq, j * Sb, tiling)  # (B,K,G,Tq,Sb)
+            return online_softmax_step(carry, scores, value[j])
 
         init = (
-            jnp.full((P, B, K, G, Tb), fill, jnp.float32),
-            jnp.zeros((P, B, K, G, Tb), jnp.float32),
-            jnp.zeros((P, B, K, G, Tb, H), jnp.float32),
+            jnp.full((B, K, G, Tq), fill, jnp.float32),
+            jnp.zeros((B, K, G, Tq), jnp.float32),
+            jnp.zeros((B, K, G, Tq, H), jnp.float32),
         )
-        n_visible = visible_key_blocks(chunk, P * Tb, tiling, n_key_blocks)
+        n_visible = visible_key_blocks(chunk, tiling, n_key_blocks)
         running_max, running_sum, out = lax.fori_loop(0, n_visible, fold_key_block, init)
         # The log-sum-exp of each row is all the backward pass needs to rebuild the weights.
         return out / running_sum[..., None], running_max + jnp.log(running_sum)
 
-    return lax.map(one_chunk, (query, jnp.arange(query.shape[0])))
+    return lax.map(one_query_tile, (query, jnp.arange(query.shape[0])))
 
 
-def tile_grads(query_block, key_block, value_block, d_out, lse, delta, q_start, k_start, tiling):
+def tile_grads(query_tile, key_block, value_block, d_out, lse, delta, q_start, k_start, tiling):
     """Gradient contributions of one tile, from its scores recomputed.
 
     Args:
-      query_block, d_out: (B, K, G, Tb, H); key_block, value_block: (B, K, Sb, H).
-      lse, delta: (B, K, G, Tb): log-sum-exp of each row, and sum(d_out * out) of each row.
+      query_tile: (B, K, G, Tq, H), multiplied by 1/sqrt(H) as in the forward pass.
+      d_out: (B, K, G, Tq, H); key_block, value_block: (B, K, Sb, H).
+      lse, delta: (B, K, G, Tq): log-sum-exp of each row, and sum(d_out * out) of each row.
 
     Returns:
-      d_query (B, K, G, Tb, H), d_key and d_value (B, K, Sb, H), float32.
+      d_query (B, K, G, Tq, H), d_key and d_value (B, K, Sb, H), float32.
     """
-    H = query_block.shape[-1]
-    scores = tile_scores(query_block, key_block, q_start, k_start, tiling)
-    weights = jnp.exp(scores - lse[..., None])  # (B, K, G, Tb, Sb): the forward's softmax
+    H = query_tile.shape[-1]
+    scores = tile_scores(query_tile, key_block, q_start, k_start, tiling)
+    weights = jnp.exp(scores - lse[..., None])  # (B, K, G, Tq, Sb): the forward's softmax
     d_value = jnp.einsum("BKGTS,BKGTH->BKSH", weights, d_out)  # (B, K, Sb, H)
-    d_weights = jnp.einsum("BKGTH,BKSH->BKGTS", d_out, value_block)  # (B, K, G, Tb, Sb)
+    d_weights = jnp.einsum("BKGTH,BKSH->BKGTS", d_out, value_block)  # (B, K, G, Tq, Sb)
     # Softmax backward: dS = P * (dP - sum_s P dP), and sum_s P dP = sum_h dO * O per row.
-    d_scores = weights * (d_weights - delta[..., None]) * (1.0 / math.sqrt(H))
-    d_query = jnp.einsum("BKGTS,BKSH->BKGTH", d_scores, key_block)  # (B, K, G, Tb, H)
-    d_key = jnp.einsum("BKGTS,BKGTH->BKSH", d_scores, query_block)  # (B, K, Sb, H)
+    d_scores = weights * (d_weights - delta[..., None])  # (B, K, G, Tq, Sb)
+    # scores = (scale * Q) K^T: dQ gets the scale, dK sees the scaled query.
+    d_query = jnp.einsum("BKGTS,BKSH->BKGTH", d_scores, key_block) * (1.0 / math.sqrt(H))
+    d_key = jnp.einsum("BKGTS,BKGTH->BKSH", d_scores, query_tile)  # (B, K, Sb, H)
     return d_query, d_key, d_value
 
 
 def _backward(tiling: Tiling, residuals, d_out):
-    """Gradients w.r.t. the blocked query, key and value: the same walk, scores recomputed.
+    """Gradients w.r.t. the tiled query, key and value: the same walk, scores recomputed.
 
-    Query chunks go one after another, each over its visible key blocks, adding into dQ of
-    the chunk and into dK, dV of the key block; nothing of size T x S is kept.
+    Query tiles go one after another, each over its visible key blocks, adding into dQ of
+    the tile and into dK, dV of the key block; nothing of size T x S is kept.
     """
     query, key, value, out, lse = residuals
-    _, P, _, _, _, Tb, _ = query.shape
+    Tq = query.shape[-2]
     n_key_blocks, Sb = key.shape[0], key.shape[3]
-    query32, key32, value32 = (x.astype(jnp.float32) for x in (query, key, value))
+    scale = 1.0 / math.sqrt(query.shape[-1])
+    scaled = (query * jnp.asarray(scale, query.dtype)).astype(jnp.float32)  # as forward saw it
+    key32, value32 = key.astype(jnp.float32), value.astype(jnp.float32)
     d_out = d_out.astype(jnp.float32)
-    delta = (d_out * out).sum(axis=-1)  # (nC, P, B, K, G, Tb)
-    per_block = jax.vmap(tile_grads, in_axes=(0, None, None, 0, 0, 0, 0, None, None))
+    delta = (d_out * out).sum(axis=-1)  # (nC, B, K, G, Tq)
 
-    def one_chunk(carry, args):
-        query_chunk, d_out_chunk, lse_chunk, delta_chunk, chunk = args
-        q_starts = (chunk * P + jnp.arange(P)) * Tb  # (P,)
+    def one_query_tile(carry, args):
+        query_tile, d_out_tile, lse_tile, delta_tile, chunk = args
 
         def fold_key_block(j, inner):
             d_query, d_key, d_value = inner
-            dq, dk, dv = per_block(
-                query_chunk,
+            dq, dk, dv = tile_grads(
+                query_tile,
                 key32[j],
                 value32[j],
-                d_out_chunk,
-                lse_chunk,
-                delta_chunk,
-                q_starts,
+                d_out_tile,
+                lse_tile,
+                delta_tile,
+                chunk * Tq,
                 j * Sb,
                 tiling,
-            )  # (P, B, K, G, Tb, H), (P, B, K, Sb, H), (P, B, K, Sb, H)
-            return d_query + dq, d_key.at[j].add(dk.sum(0)), d_value.at[j].add(dv.sum(0))
+            )  # (B, K, G, Tq, H), (B, K, Sb, H), (B, K, Sb, H)
+            return d_query + dq, d_key.at[j].add(dk), d_value.at[j].add(dv)
 
-        n_visible = visible_key_blocks(chunk, P * Tb, tiling, n_key_blocks)
-        init = (jnp.zeros_like(query_chunk), *carry)
+        n_visible = visible_key_blocks(chunk, tiling, n_key_blocks)
+        init = (jnp.zeros_like(query_tile), *carry)
         d_query, d_key, d_value = lax.fori_loop(0, n_visible, fold_key_block, init)
         return (d_key, d_value), d_query
 
     zeros = jnp.zeros_like(key32)  # (nS, B, K, Sb, H)
     (d_key, d_value), d_query = lax.scan(
-        one_chunk, (zeros, zeros), (query32, d_out, lse, delta, jnp.arange(query.shape[0]))
+        one_query_tile, (zeros, zeros), (scaled, d_out, lse, delta, jnp.arange(query.shape[0]))
     )
     return d_query.astype(query.dtype), d_key.astype(key.dtype), d_value.astype(value.dtype)
 
@@ -240,7 +239,7 @@ def blockwise_attention(
       is_causal: query t attends to keys s <= t (top-left); key blocks entirely after a
         chunk's last query are skipped, not just masked.
       block_size: queries and keys per block (Tb = Sb); T and S need not be multiples of it.
-      parallel_blocks: query blocks that walk the key blocks together (vmapped).
+      parallel_blocks: P, query blocks that walk the key blocks together, as one tile.
 
     Returns:
       (B, T, N, H), in the dtype of value. Differentiable: the backward pass recomputes
@@ -255,16 +254,17 @@ def blockwise_attention(
     G = N // K
     q_block, k_block = min(block_size, T), min(block_size, S)
     P = min(parallel_blocks, -(-T // q_block))  # no more parallel blocks than there are
-    tiling = Tiling(T, S, q_block, k_block, is_causal)
+    # The P query blocks of a chunk are independent rows: stacked, they are one tile.
+    tiling = Tiling(T, S, P * q_block, k_block, is_causal)
 
-    query = _pad_to(query, 1, P * q_block)  # (B, nC * P * Tb, N, H)
-    query = query.reshape(B, -1, P, q_block, K, G, H)  # (B, nC, P, Tb, K, G, H)
-    query = query.transpose(1, 2, 0, 4, 5, 3, 6)  # (nC, P, B, K, G, Tb, H)
+    query = _pad_to(query, 1, P * q_block)  # (B, nC * Tq, N, H), Tq = P * Tb
+    query = query.reshape(B, -1, P * q_block, K, G, H)  # (B, nC, Tq, K, G, H)
+    query = query.transpose(1, 0, 3, 4, 2, 5)  # (nC, B, K, G, Tq, H)
     key = _pad_to(key, 1, k_block).reshape(B, -1, k_block, K, H)  # (B, nS, Sb, K, H)
     value = _pad_to(value, 1, k_block).reshape(B, -1, k_block, K, H)  # (B, nS, Sb, K, H)
     key = key.transpose(1, 0, 3, 2, 4)  # (nS, B, K, Sb, H)
     value = value.transpose(1, 0, 3, 2, 4)  # (nS, B, K, Sb, H)
 
-    out = _blockwise_core(query, key, value, tiling)  # (nC, P, B, K, G, Tb, H)
-    out = out.transpose(2, 0, 1, 5, 3, 4, 6).reshape(B, -1, N, H)  # (B, nC * P * Tb, N, H)
+    out = _blockwise_core(query, key, value, tiling)  # (nC, B, K, G, Tq, H)
+    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(B, -1, N, H)  # (B, nC * Tq, N, H)
     return out[:, :T].astype(value.dtype)  # (B, T, N, H)

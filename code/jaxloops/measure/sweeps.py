@@ -4,6 +4,7 @@ Each returns a plain list of dicts, so the chapters and a GPU benchmark script c
 same code. Timings use `time_call` (warm-up, block_until_ready, median); none is a test.
 """
 
+import functools
 import math
 import statistics
 
@@ -11,10 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxloops.attention import causal_mask
+from jaxloops.attention import attention, causal_mask, softmax
 from jaxloops.kvcache import decode_attention
 from jaxloops.measure.kernels import attention_fn, run_attention
-from jaxloops.measure.timing import compiled_flops, compiled_temp_bytes, time_call
+from jaxloops.measure.timing import time_call
 
 MATERIALISING = ("naive", "xla")  # implementations that build the (B, N, T, S) scores
 
@@ -51,7 +52,7 @@ def random_qkv(
     kv_heads: int | None = None,
     dtype="float32",
 ):
-    """Standard-normal query (B, L, N, H) and key/value (B, L, K, H) in `dtype`.
+    """Standard-normal query (B, T, N, H) and key/value (B, S, K, H), T = S = length, in `dtype`.
 
     Drawn with NumPy seeded from `key`: jax.random would compile a new sampler for every shape
     of the sweep, which on a CPU costs more than some of the attention calls it feeds.
@@ -62,6 +63,24 @@ def random_qkv(
         rng.standard_normal((batch, length, n, head_dim), np.float32), dtype
     )
     return draw(heads), draw(kv_heads), draw(kv_heads)
+
+
+def compiled_costs(fn, *args) -> dict:
+    """What XLA says about one compiled call of `jax.jit(fn)(*args)`, from a single compile.
+
+    Returns:
+      flops and bytes_accessed (cost analysis; a loop body is counted once, not per trip)
+      and temp_bytes (memory analysis: the scratch the program allocates).
+    """
+    compiled = jax.jit(fn).lower(*args).compile()
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jax returned one dict per device
+        cost = cost[0]
+    return {
+        "flops": float(cost.get("flops", 0.0)),
+        "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+        "temp_bytes": int(compiled.memory_analysis().temp_size_in_bytes),
+    }
 
 
 def attention_sweep(
@@ -75,15 +94,18 @@ def attention_sweep(
     block_size: int,
     repeats: int,
     materialise_max_length: int,
+    parallel_blocks: int | None = None,
 ) -> list[dict]:
-    """Temporary bytes, FLOPs and median latency of each request at each L.
+    """Temporary bytes, FLOPs, bytes accessed and latency of each request at each T = S.
 
     Args:
       requests: (implementation, dtype) or (implementation, dtype, is_causal) tuples.
+      parallel_blocks: blockwise's query blocks per chunk (None: its default).
 
-    One compile per point serves all three measurements, and the timed calls of the
-    requests alternate, so that a slow moment of a shared machine hits all of them alike.
-    FLOPs are None for blockwise: XLA's cost analysis counts a loop body once, not once
+    One compile per point serves all the compiled measurements, and the timed calls of the
+    requests alternate, so that a slow moment of a shared machine hits all of them alike;
+    `samples` keeps every timed call in that order, `seconds` is their median. FLOPs and
+    bytes are None for blockwise: XLA's cost analysis counts a loop body once, not once
     per trip. A request that does not run gets seconds None and the reason in `error`;
     naive and XLA, which build the (T, S) scores, are compiled but not run beyond
     `materialise_max_length`.
@@ -105,14 +127,17 @@ def attention_sweep(
                 "is_causal": is_causal,
                 "temp_bytes": None,
                 "flops": None,
+                "bytes_accessed": None,
                 "seconds": None,
+                "samples": [],
                 "error": "",
             }
             rows.append(row)
             fn = attention_fn(name, is_causal=is_causal, block_size=block_size)
+            if name == "blockwise" and parallel_blocks is not None:
+                fn = functools.partial(fn, parallel_blocks=parallel_blocks)
             if name in MATERIALISING and length > materialise_max_length:
-                row["temp_bytes"] = compiled_temp_bytes(fn, *args)
-                row["flops"] = compiled_flops(fn, *args)
+                row.update(compiled_costs(fn, *args))
                 row["error"] = f"not run: needs {row['temp_bytes'] / 2**30:.1f} GiB of scratch"
                 continue
             # One checked run: it compiles (and warms up), and catches a refusal with its text.
@@ -120,14 +145,45 @@ def attention_sweep(
             if not record["works"]:
                 row["error"] = record["error"]
                 continue
-            row["temp_bytes"] = compiled_temp_bytes(fn, *args)  # the compile is cached
-            row["flops"] = None if name == "blockwise" else compiled_flops(fn, *args)
-            timed.append((row, jax.jit(fn), args, []))
+            row.update(compiled_costs(fn, *args))
+            if name == "blockwise":
+                row["flops"] = row["bytes_accessed"] = None
+            timed.append((row, jax.jit(fn), args))
+            jax.block_until_ready(timed[-1][1](*args))  # compile and warm up
         for _ in range(repeats):
-            for _row, fn, args, seconds in timed:
-                seconds.append(time_call(fn, *args, warmup=0, repeats=1))
-        for row, _, _, seconds in timed:
-            row["seconds"] = statistics.median(seconds)
+            for row, fn, args in timed:
+                row["samples"].append(time_call(fn, *args, warmup=0, repeats=1))
+        for row, _, _ in timed:
+            row["seconds"] = statistics.median(row["samples"])
+    return rows
+
+
+def naive_attention_parts(key: jax.Array, *, T: int, heads: int, head_dim: int, repeats: int):
+    """A profile of naive attention by parts: each of its moves compiled and timed alone.
+
+    Returns:
+      Rows (part, flops, bytes_accessed, seconds) for the scores matmul, the softmax (scale,
+      max, exponentials, sum, divide), the mix matmul and the whole program, T = S, B = 1.
+      The timed calls alternate between the parts.
+    """
+    query, key_, value = random_qkv(key, batch=1, length=T, heads=heads, head_dim=head_dim)
+    scores = jax.jit(lambda q, k: jnp.einsum("BTNH,BSNH->BNTS", q, k))(query, key_)  # (B, N, T, S)
+    parts = {
+        "scores: Q Kᵀ": (lambda q, k: jnp.einsum("BTNH,BSNH->BNTS", q, k), (query, key_)),
+        "softmax": (lambda s: softmax(s * (1.0 / math.sqrt(head_dim))), (scores,)),
+        "mix: weights V": (lambda w, v: jnp.einsum("BNTS,BSNH->BTNH", w, v), (scores, value)),
+        "whole (naive)": (attention, (query, key_, value)),
+    }
+    rows, timed = [], []
+    for part, (fn, args) in parts.items():
+        rows.append({"part": part, **compiled_costs(fn, *args), "samples": []})
+        timed.append((rows[-1], jax.jit(fn), args))
+        jax.block_until_ready(timed[-1][1](*args))
+    for _ in range(repeats):
+        for row, fn, args in timed:
+            row["samples"].append(time_call(fn, *args, warmup=0, repeats=1))
+    for row in rows:
+        row["seconds"] = statistics.median(row["samples"])
     return rows
 
 
@@ -181,8 +237,14 @@ def causal_sweep(
     block_size: int,
     repeats: int,
     materialise_max_length: int,
+    parallel_blocks: int | None = None,
 ) -> list[dict]:
-    """Full vs causal latency of each implementation at each L, and the speedup."""
+    """Full vs causal latency of each implementation at each T = S, and the speedup.
+
+    The full and causal calls alternate, so each repeat gives one paired ratio
+    full / causal taken moments apart; `speedup` is the median of those ratios and
+    `speedup_low`, `speedup_high` their smallest and largest.
+    """
     requests = [(name, dtype, is_causal) for name in implementations for is_causal in (False, True)]
     sweep = attention_sweep(
         key,
@@ -194,10 +256,11 @@ def causal_sweep(
         block_size=block_size,
         repeats=repeats,
         materialise_max_length=materialise_max_length,
+        parallel_blocks=parallel_blocks,
     )
     rows = []
     for full, causal in zip(sweep[0::2], sweep[1::2]):
-        ran = full["seconds"] is not None and causal["seconds"] is not None
+        ratios = [f / c for f, c in zip(full["samples"], causal["samples"])]
         rows.append(
             {
                 "implementation": full["implementation"],
@@ -205,7 +268,9 @@ def causal_sweep(
                 "T": full["T"],
                 "full_seconds": full["seconds"],
                 "causal_seconds": causal["seconds"],
-                "speedup": full["seconds"] / causal["seconds"] if ran else None,
+                "speedup": statistics.median(ratios) if ratios else None,
+                "speedup_low": min(ratios) if ratios else None,
+                "speedup_high": max(ratios) if ratios else None,
                 "full_flops": full["flops"],
                 "causal_flops": causal["flops"],
                 "error": full["error"] or causal["error"],
@@ -234,20 +299,31 @@ def decode_sweep(
     head_dim: int,
     dtype,
     repeats: int,
+    steps: int,
 ) -> list[dict]:
     """Latency of one decode step (T = 1 against S cached tokens) for each K and S.
 
-    At each S the timed calls of the K values alternate (after one warm-up each).
+    One timed call runs `steps` decode steps (a `lax.map` over `steps` queries, all reading
+    the same cache), so the time per step is the call's time / steps, with the per-call
+    overhead spread thin. At each S the timed calls of the K values alternate.
 
     Returns:
-      Rows with K, S, seconds, cache_bytes (the K and V arrays read), bytes_per_second
-      and flops (4 * B * N * S * H, the two matrix-vector products).
+      Rows with K, S, seconds (per step, median of `repeats` calls), cache_bytes (the K
+      and V arrays one step reads), bytes_per_second and flops (4 * B * N * S * H, the two
+      products of every query head with every cached key and value).
     """
+    if steps < 1 or repeats < 1:
+        raise ValueError(f"need steps >= 1 and repeats >= 1, got {steps}, {repeats}")
+
+    @jax.jit
+    def decode_steps(queries, cache_key, cache_value):  # queries (steps, B, 1, N, H)
+        start = cache_key.shape[2] - 1  # the last slot: every query reads the whole cache
+        return jax.lax.map(lambda q: decode_attention(q, cache_key, cache_value, start), queries)
+
+    queries = random_qkv(
+        key, batch=steps * batch, length=1, heads=heads, head_dim=head_dim, dtype=dtype
+    )[0].reshape(steps, batch, 1, heads, head_dim)  # (steps, B, 1, N, H)
     rows = []
-    step = jax.jit(decode_attention)
-    query = random_qkv(key, batch=batch, length=1, heads=heads, head_dim=head_dim, dtype=dtype)[
-        0
-    ]  # (B, 1, N, H)
     for length in cache_lengths:
         caches = {
             kv: (
@@ -258,10 +334,11 @@ def decode_sweep(
         }  # (B, K, S, H) each
         seconds = {kv: [] for kv in kv_heads}
         for cache in caches.values():
-            jax.block_until_ready(step(query, *cache, length))  # compile and warm up
+            jax.block_until_ready(decode_steps(queries, *cache))  # compile and warm up
         for _ in range(repeats):
             for kv, cache in caches.items():
-                seconds[kv].append(time_call(step, query, *cache, length, warmup=0, repeats=1))
+                call = time_call(decode_steps, queries, *cache, warmup=0, repeats=1)
+                seconds[kv].append(call / steps)
         for kv, (cache_key, cache_value) in caches.items():
             median = statistics.median(seconds[kv])
             cache_bytes = cache_key.nbytes + cache_value.nbytes
