@@ -3,11 +3,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxloops.generation import generate, generate_without_cache, init_cache, sample_token
+import jaxloops
+from jaxloops.generation import generate, generate_without_cache, sample_token
 from jaxloops.kvcache import kv_cache_bytes
 from jaxloops.transformer import (
     TransformerConfig,
     cached_logits,
+    init_cache,
     init_transformer,
     transformer_logits,
 )
@@ -37,10 +39,13 @@ def prompt():
     return jnp.asarray(rng.integers(0, CONFIG.vocab_size, (7, 5), dtype=np.int32))  # (B, P)
 
 
-def test_cache_has_one_key_and_value_per_layer_of_the_formulas_size(params):
-    cache = init_cache(params, batch_size=7, length=15)
-    assert sorted(cache) == ["block_0", "block_1"]
-    assert cache["block_1"]["key"].shape == (7, 15, 5, 3)  # (B, S, K, H)
+def test_the_model_cache_is_the_one_kv_cache_of_the_formulas_size(params):
+    cache = init_cache(params, batch=7, length=15)
+    one = jaxloops.init_kv_cache(
+        layers=2, batch=7, length=15, kv_heads=5, head_dim=3, dtype=jnp.float32
+    )
+    assert jax.tree.structure(cache) == jax.tree.structure(one)  # one {"key", "value"} per layer
+    assert [leaf.shape for leaf in jax.tree.leaves(cache)] == [(7, 5, 15, 3)] * 4  # (B, K, S, H)
     nbytes = sum(leaf.nbytes for leaf in jax.tree.leaves(cache))
     assert nbytes == kv_cache_bytes(
         layers=2, kv_heads=5, head_dim=3, length=15, batch=7, bytes_per_element=4
@@ -52,7 +57,7 @@ def test_prefill_then_decode_steps_give_the_full_forward_logits(params):
 
     @jax.jit
     def cached_then_full(params, tokens):
-        cache = init_cache(params, batch_size=7, length=11)
+        cache = init_cache(params, batch=7, length=11)
         prefill, cache = cached_logits(params, tokens[:, :5], cache, 0)  # (B, P, V)
 
         def decode(cache, t):  # one token at a time, each reading the cache
@@ -97,3 +102,11 @@ def test_generation_longer_than_the_position_table_raises(params, prompt):
         generate(jax.random.key(0), params, prompt, steps=7)
     with pytest.raises(ValueError, match="steps must be >= 1"):
         generate_without_cache(jax.random.key(0), params, prompt, steps=0)
+
+
+def test_cached_logits_refuses_a_cache_with_other_layers(params):
+    (layer,) = jaxloops.init_kv_cache(
+        layers=1, batch=7, length=11, kv_heads=5, head_dim=3, dtype=jnp.float32
+    )
+    with pytest.raises(ValueError, match="cache has 1 layers, the model 2"):
+        cached_logits(params, jnp.zeros((7, 1), jnp.int32), (layer,), 0)

@@ -35,8 +35,14 @@ def test_allocated_cache_bytes_equal_the_formula(kv_heads, dtype):
         batch=5,
         bytes_per_element=jnp.dtype(dtype).itemsize,
     )
-    assert cache["key"].shape == (3, 5, kv_heads, 11, 9)  # (L, B, K, S, H)
+    assert len(cache) == 3  # one {"key", "value"} per layer
+    assert cache[2]["key"].shape == cache[2]["value"].shape == (5, kv_heads, 11, 9)  # (B, K, S, H)
     assert measure.allocated_bytes(cache) == expected
+
+
+def test_cache_refuses_a_zero_size():
+    with pytest.raises(ValueError, match="length=0"):
+        jaxloops.init_kv_cache(layers=2, batch=1, length=0, kv_heads=1, head_dim=4)
 
 
 def test_attention_kind():
@@ -65,7 +71,7 @@ def test_decoding_token_by_token_equals_causal_attention(kv_heads):
 
 def test_decode_step_rejects_a_mismatched_token():
     cache_key = np.zeros((3, 2, 11, 5), np.float32)  # (B, K, S, H)
-    with pytest.raises(ValueError, match=r"\(B, 1, K, H\) = \(3, 1, 2, 5\)"):
+    with pytest.raises(ValueError, match=r"\(B, T, K, H\) = \(3, 1, 2, 5\)"):
         jaxloops.decode_step(
             np.zeros((3, 1, 6, 5)),
             np.zeros((3, 1, 3, 5)),
@@ -82,3 +88,64 @@ def test_decode_attention_rejects_a_cache_that_does_not_fit():
         jaxloops.decode_attention(
             np.zeros((3, 1, 6, 5)), np.zeros((3, 4, 11, 5)), np.zeros((3, 4, 11, 5)), 4
         )
+
+
+@pytest.mark.parametrize("kv_heads", [6, 3, 1], ids=["MHA", "GQA", "MQA"])
+def test_prefill_then_steps_equal_causal_attention(kv_heads):
+    batch, length, heads, head_dim, slots, prefill = 3, 7, 6, 5, 11, 4
+    query = normal((batch, length, heads, head_dim), 4)
+    key_ = normal((batch, length, kv_heads, head_dim), 5)
+    value = normal((batch, length, kv_heads, head_dim), 6)
+    (layer,) = jaxloops.init_kv_cache(
+        layers=1,
+        batch=batch,
+        length=slots,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype=jnp.float32,
+    )
+    step = jax.jit(jaxloops.decode_step)
+    out, cache_key, cache_value = step(
+        query[:, :prefill], key_[:, :prefill], value[:, :prefill], layer["key"], layer["value"], 0
+    )  # the prompt's T = 4 tokens at once
+    outputs = [out]
+    for t in range(prefill, length):
+        out, cache_key, cache_value = step(
+            query[:, t : t + 1], key_[:, t : t + 1], value[:, t : t + 1], cache_key, cache_value, t
+        )
+        outputs.append(out)
+    expected = jaxloops.attention(query, key_, value, is_causal=True)
+    np.testing.assert_allclose(np.concatenate(outputs, axis=1), expected, atol=2e-6)
+    np.testing.assert_array_equal(cache_key[:, :, :length], key_.swapaxes(1, 2))  # (B, K, S, H)
+    assert not np.any(cache_key[:, :, length:])  # slots not reached stay empty
+
+
+@pytest.mark.parametrize("kv_heads", [6, 3, 1], ids=["MHA", "GQA", "MQA"])
+def test_decode_tokens_after_a_prefill_equals_causal_attention(kv_heads):
+    batch, length, heads, head_dim, slots = 3, 7, 6, 5, 11
+    query = normal((batch, length, heads, head_dim), 7)
+    key_ = normal((batch, length, kv_heads, head_dim), 8)
+    value = normal((batch, length, kv_heads, head_dim), 9)
+    cache_key = cache_value = jnp.zeros((batch, kv_heads, slots, head_dim))
+    first, cache_key, cache_value = jaxloops.decode_step(
+        query[:, :2], key_[:, :2], value[:, :2], cache_key, cache_value, 0
+    )
+    rest, cache_key, _ = jaxloops.decode_tokens(
+        query[:, 2:], key_[:, 2:], value[:, 2:], cache_key, cache_value, 2
+    )
+    expected = jaxloops.attention(query, key_, value, is_causal=True)
+    np.testing.assert_allclose(np.concatenate([first, rest], axis=1), expected, atol=2e-6)
+    np.testing.assert_array_equal(cache_key[:, :, :length], key_.swapaxes(1, 2))
+
+
+@pytest.mark.parametrize("kv_heads", [6, 3], ids=["MHA", "GQA"])
+def test_decode_tokens_writes_the_donated_cache_in_place(kv_heads):
+    batch, heads, head_dim, slots, steps = 3, 6, 33, 512, 7  # cache > scratch
+    queries = jax.ShapeDtypeStruct((batch, steps, heads, head_dim), jnp.float32)
+    new = jax.ShapeDtypeStruct((batch, steps, kv_heads, head_dim), jnp.float32)
+    cache = jax.ShapeDtypeStruct((batch, kv_heads, slots, head_dim), jnp.float32)
+    compiled = jaxloops.decode_tokens.lower(queries, new, new, cache, cache, 0).compile()
+    memory = compiled.memory_analysis()
+    cache_bytes = batch * kv_heads * slots * head_dim * 4
+    assert memory.alias_size_in_bytes == 2 * cache_bytes  # outputs reuse the donated buffers
+    assert memory.temp_size_in_bytes < cache_bytes  # no copy of the cache anywhere

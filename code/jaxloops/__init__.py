@@ -52,12 +52,13 @@ from jaxloops.evaluate import (
     pad_batches,
     per_class_accuracy,
 )
-from jaxloops.generation import generate, generate_without_cache, init_cache, sample_token
+from jaxloops.generation import generate, generate_without_cache, sample_token
 from jaxloops.grads import finite_difference, sgd_update
 from jaxloops.kvcache import (
     attention_kind,
     decode_attention,
     decode_step,
+    decode_tokens,
     init_kv_cache,
     kv_cache_bytes,
 )
@@ -113,6 +114,7 @@ __all__ = (
     "decay_mask",
     "decode_attention",
     "decode_step",
+    "decode_tokens",
     "epoch_batches",
     "EvalBatches",
     "evaluate",
@@ -123,7 +125,6 @@ __all__ = (
     "generate",
     "generate_without_cache",
     "ids_to_text",
-    "init_cache",
     "init_kv_cache",
     "init_mlp",
     "init_transformer",

@@ -1,5 +1,6 @@
-"""Sampling from the transformer: prefill, then one-token decode steps that reuse a KV cache,
-and, for comparison, decoding that recomputes the whole prefix every step.
+"""Sampling from the transformer: prefill, then one-token decode steps that reuse the KV
+cache of chapter 10 (`init_kv_cache`, heads-major, one array per layer), and, for
+comparison, decoding that recomputes the whole prefix every step.
 
 Both decoders are one compiled program each (a `lax.fori_loop` under `jax.jit`) and draw
 token i with `fold_in(key, i)`, so for the same key they produce the same tokens.
@@ -10,19 +11,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxloops.transformer import Params, cached_logits, check_tokens, num_blocks, transformer_logits
-
-
-def init_cache(params: Params, batch_size: int, length: int):
-    """An empty KV cache: {"block_i": {"key", "value"} each zeros (B, S, K, H)}, S = length.
-
-    Its dtype is that of the key projection, so a bfloat16 model gets a bfloat16 cache.
-    Only shapes and dtypes are read, so `jax.eval_shape(init_transformer, ...)` will do.
-    """
-    _, K, H = params["block_0"]["attention"]["key"].shape  # (D, K, H)
-    dtype = params["block_0"]["attention"]["key"].dtype
-    zeros = lambda: jnp.zeros((batch_size, length, K, H), dtype)  # (B, S, K, H)
-    return {f"block_{i}": {"key": zeros(), "value": zeros()} for i in range(num_blocks(params))}
+from jaxloops.transformer import (
+    Params,
+    cached_logits,
+    check_tokens,
+    init_cache,
+    transformer_logits,
+)
 
 
 def sample_token(key: jax.Array, logits: jax.Array, temperature: float) -> jax.Array:
@@ -50,7 +45,8 @@ def generate(
 
     The cache holds S = P + steps positions. Prefill runs the prompt through the model once
     and writes its keys and values; each decode step then feeds one token, writes one
-    position, and attends to the positions written so far.
+    position, and attends to the positions written so far. The cache lives in the loop's
+    carry, so each step writes its one position in place instead of copying the cache.
     """
     B, P = check_generation(params, prompt, steps)
     S = P + steps
@@ -60,7 +56,7 @@ def generate(
     first = sample_token(jax.random.fold_in(key, 0), logits[:, -1], temperature)  # (B,)
     tokens = tokens.at[:, P].set(first)
 
-    def decode_step(i, carry):
+    def step(i, carry):
         tokens, cache = carry
         position = P + i - 1  # of the newest token, whose keys and values are not cached yet
         last = jax.lax.dynamic_slice_in_dim(tokens, position, 1, axis=1)  # (B, 1)
@@ -69,7 +65,7 @@ def generate(
         tokens = jax.lax.dynamic_update_slice_in_dim(tokens, token[:, None], position + 1, axis=1)
         return tokens, cache
 
-    tokens, _ = jax.lax.fori_loop(1, steps, decode_step, (tokens, cache))
+    tokens, _ = jax.lax.fori_loop(1, steps, step, (tokens, cache))
     return tokens
 
 

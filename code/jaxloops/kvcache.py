@@ -1,11 +1,14 @@
 """The KV cache: its size, its arrays, and one decode step against it.
 
 While generating, each new token's key and value are written into a preallocated cache of
-S slots per layer; the token's query then attends to every filled slot.
+S slots per layer; the token's query then attends to every filled slot. This is the one
+cache of the package: chapter 10 measures it, the transformer (chapter 11) decodes with it.
 """
 
+import functools
 import math
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -40,82 +43,136 @@ def kv_cache_bytes(
 
 def init_kv_cache(
     *, layers: int, batch: int, length: int, kv_heads: int, head_dim: int, dtype=jnp.bfloat16
-) -> dict:
-    """An empty cache: {"key": (L, B, K, S, H), "value": (L, B, K, S, H)} of zeros.
+) -> tuple[dict, ...]:
+    """An empty cache: one {"key", "value"} per layer, each (B, K, S, H) zeros.
 
     Heads-major, unlike the (B, S, K, H) of `attention`: a decode step then reads each
-    head's (S, H) slab contiguously, as its matrix products want, with no transpose.
+    head's (S, H) slab contiguously, as its matrix products want, with no transpose. One
+    array per layer rather than one (L, B, K, S, H) block, so a decode step writes its
+    layer in place and nothing else.
     """
-    shape = (layers, batch, kv_heads, length, head_dim)
-    return {"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)}
+    if min(layers, batch, length, kv_heads, head_dim) < 1:
+        raise ValueError(
+            f"every size must be >= 1, got layers={layers}, batch={batch}, "
+            f"length={length}, kv_heads={kv_heads}, head_dim={head_dim}"
+        )
+    shape = (batch, kv_heads, length, head_dim)  # (B, K, S, H)
+    return tuple(
+        {"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)} for _ in range(layers)
+    )
 
 
 def check_decode_shapes(query, cache_key, cache_value) -> tuple[int, ...]:
-    """Checks a (B, 1, N, H) query against a (B, K, S, H) cache; returns (B, N, K, S, H)."""
-    if query.ndim != 4 or query.shape[1] != 1:
-        raise ValueError(f"query must be (B, 1, N, H) for one new token, got {query.shape}")
+    """Checks a (B, T, N, H) query against a (B, K, S, H) cache; returns (B, T, N, K, S, H)."""
+    if query.ndim != 4:
+        raise ValueError(f"query must be (B, T, N, H), got {query.shape}")
     if cache_key.ndim != 4 or cache_key.shape != cache_value.shape:
         raise ValueError(
             f"cache key and value must be equal (B, K, S, H) arrays, got "
             f"{cache_key.shape} and {cache_value.shape}"
         )
-    B, _, N, H = query.shape
+    B, T, N, H = query.shape
     cache_batch, K, S, cache_head_dim = cache_key.shape
-    if (cache_batch, cache_head_dim) != (B, H) or N % K:
+    if (cache_batch, cache_head_dim) != (B, H) or N % K or T > S:
         raise ValueError(
-            f"query {query.shape} (B, 1, N, H) does not fit cache "
-            f"{cache_key.shape} (B, K, S, H): need equal B and H and N % K == 0"
+            f"query {query.shape} (B, T, N, H) does not fit cache "
+            f"{cache_key.shape} (B, K, S, H): need equal B and H, N % K == 0 and T <= S"
         )
-    return B, N, K, S, H
+    return B, T, N, K, S, H
 
 
-def decode_attention(query, cache_key, cache_value, length):
-    """One new token's attention over the first `length` slots of a heads-major cache.
+def decode_attention(query, cache_key, cache_value, start):
+    """Attention of T new tokens, at positions start..start+T-1, over a heads-major cache.
+
+    Each query sees the slots up to its own position: earlier tokens and itself (already
+    written), not later ones and not slots never written. The G = N // K query heads of a
+    group are the rows of one matrix product with their shared key/value head, so each
+    key and value is read once per group, not once per query head.
 
     Args:
-      query: (B, 1, N, H), the new token (already written at slot length - 1).
+      query: (B, T, N, H); T = 1 for a decode step, the prompt for a prefill.
       cache_key, cache_value: (B, K, S, H), one layer of the cache.
-      length: number of filled slots (a traced int is fine).
+      start: position of the first query (a traced int is fine).
 
     Returns:
-      (B, 1, N, H).
+      (B, T, N, H).
     """
-    B, N, K, S, H = check_decode_shapes(query, cache_key, cache_value)
-    query_BKGH = query.reshape(B, K, N // K, H)  # (B, K, G, H)
+    B, T, N, K, S, H = check_decode_shapes(query, cache_key, cache_value)
+    G = N // K
+    # The G heads of a group and the T tokens are the R = G * T rows of one product per
+    # (b, k): each key and value of the group is read once for all of them.
+    query_BKRH = (
+        query.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)
+    )  # (B, T, N, H) -> (B, K, G, T, H) -> (B, K, R, H), row r = g * T + t
     scores = jnp.einsum(
-        "BKGH,BKSH->BKGS", query_BKGH, cache_key, preferred_element_type=jnp.float32
-    ) / math.sqrt(H)  # (B, K, G, S)
-    # `is_causal` would align top-left and show the one query slot 0 only: mask instead.
-    filled = causal_mask(1, S, offset=length - 1)  # (1, S): slots < length
-    weights = softmax(jnp.where(filled, scores, masked_fill_value(jnp.float32)))
+        "BKRH,BKSH->BKRS", query_BKRH, cache_key, preferred_element_type=jnp.float32
+    ) / math.sqrt(H)  # (B, K, R, S)
+    # `is_causal` would align top-left and show query 0 slot 0 only: mask by position.
+    visible = jnp.tile(causal_mask(T, S, offset=start), (G, 1))  # (R, S): s <= start + t
+    weights = softmax(jnp.where(visible, scores, masked_fill_value(jnp.float32)))
     out = jnp.einsum(
-        "BKGS,BKSH->BKGH", weights.astype(cache_value.dtype), cache_value
-    )  # (B, K, G, H)
-    return out.reshape(B, 1, N, H)  # (B, 1, N, H)
+        "BKRS,BKSH->BKRH", weights.astype(cache_value.dtype), cache_value
+    )  # (B, K, R, H)
+    return out.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)  # (B, T, N, H)
 
 
-def decode_step(query, new_key, new_value, cache_key, cache_value, position):
-    """Writes the token's key/value into slot `position`, then attends over slots <= it.
+def decode_step(query, new_key, new_value, cache_key, cache_value, start):
+    """Writes T new keys/values into slots start..start+T-1, then attends over the cache.
+
+    Under `jit` with the cache donated, or in the carry of a `lax.scan` or `fori_loop`,
+    the write happens in place: only the T new slots are written, the rest is not copied.
 
     Args:
-      query: (B, 1, N, H); new_key, new_value: (B, 1, K, H), as a projection gives them.
+      query: (B, T, N, H); new_key, new_value: (B, T, K, H), as a projection gives them.
       cache_key, cache_value: (B, K, S, H).
-      position: the slot of this token (a traced int is fine).
+      start: the slot of the first new token (a traced int is fine).
 
     Returns:
-      (output (B, 1, N, H), cache_key, cache_value).
+      (output (B, T, N, H), cache_key, cache_value).
     """
-    B, _, K, _, H = check_decode_shapes(query, cache_key, cache_value)
-    if new_key.shape != (B, 1, K, H) or new_value.shape != (B, 1, K, H):
+    B, T, _, K, _, H = check_decode_shapes(query, cache_key, cache_value)
+    if new_key.shape != (B, T, K, H) or new_value.shape != (B, T, K, H):
         raise ValueError(
-            f"new key/value must be (B, 1, K, H) = {(B, 1, K, H)} to match the "
+            f"new key/value must be (B, T, K, H) = {(B, T, K, H)} to match the "
             f"cache {cache_key.shape}; got {new_key.shape} and {new_value.shape}"
         )
-    start = (0, 0, position, 0)
+    slot = (0, 0, start, 0)
     cache_key = lax.dynamic_update_slice(
-        cache_key, new_key.swapaxes(1, 2).astype(cache_key.dtype), start
+        cache_key, new_key.swapaxes(1, 2).astype(cache_key.dtype), slot
     )  # (B, K, S, H)
     cache_value = lax.dynamic_update_slice(
-        cache_value, new_value.swapaxes(1, 2).astype(cache_value.dtype), start
+        cache_value, new_value.swapaxes(1, 2).astype(cache_value.dtype), slot
     )
-    return decode_attention(query, cache_key, cache_value, position + 1), cache_key, cache_value
+    return decode_attention(query, cache_key, cache_value, start), cache_key, cache_value
+
+
+@functools.partial(jax.jit, donate_argnums=(3, 4))
+def decode_tokens(queries, keys, values, cache_key, cache_value, start):
+    """Decodes T tokens one after another, each step writing its slot and attending, as
+    generation does: a `lax.scan` of `decode_step` with the cache in its carry.
+
+    The cache passed in is donated: the compiled loop writes one slot per step into the
+    same buffers and returns them, so decoding copies no cache.
+
+    Args:
+      queries: (B, T, N, H); keys, values: (B, T, K, H), the T tokens' projections.
+      cache_key, cache_value: (B, K, S, H), donated.
+      start: the slot of the first token.
+
+    Returns:
+      (outputs (B, T, N, H), cache_key, cache_value).
+    """
+
+    def step(carry, new):
+        cache_key, cache_value, position = carry
+        query, key, value = (x[:, None] for x in new)  # (B, 1, N, H), (B, 1, K, H) twice
+        out, cache_key, cache_value = decode_step(
+            query, key, value, cache_key, cache_value, position
+        )
+        return (cache_key, cache_value, position + 1), out[:, 0]  # (B, N, H)
+
+    tokens_first = tuple(x.swapaxes(0, 1) for x in (queries, keys, values))  # (T, B, ., H)
+    (cache_key, cache_value, _), outs = lax.scan(
+        step, (cache_key, cache_value, start), tokens_first
+    )  # outs (T, B, N, H)
+    return outs.swapaxes(0, 1), cache_key, cache_value  # (B, T, N, H)

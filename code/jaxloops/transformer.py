@@ -14,8 +14,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxloops.attention import attention, attention_weights, causal_mask
+from jaxloops.attention import attention, attention_weights
 from jaxloops.data import Batch
+from jaxloops.kvcache import decode_step, init_kv_cache
 from jaxloops.losses import accuracy, cross_entropy
 
 Params = dict
@@ -138,23 +139,19 @@ def attention_block(params: Params, x: jax.Array, cache=None, start=0):
 
     Args:
       x: (B, T, D).
-      cache: None, or {"key", "value"} each (B, S, K, H), the layer's preallocated cache.
+      cache: None, or this layer's {"key", "value"}, each (B, K, S, H) (`init_kv_cache`).
       start: where the T new positions begin in the cache (may be traced).
     Returns:
       (x (B, T, D), the cache with the new keys and values written in, or None).
     """
-    query, key, value = project_qkv(params, x)
+    query, key, value = project_qkv(params, x)  # (B, T, N, H), (B, T, K, H), (B, T, K, H)
     if cache is None:
         out = attention(query, key, value, is_causal=True)  # (B, T, N, H)
     else:
-        key = jax.lax.dynamic_update_slice(cache["key"], key, (0, start, 0, 0))  # (B, S, K, H)
-        value = jax.lax.dynamic_update_slice(cache["value"], value, (0, start, 0, 0))
-        cache = {"key": key, "value": value}
-        # is_causal aligns top-left (query 0 with key 0); the new queries sit at start + t,
-        # and positions after them are future tokens or not yet written, so mask by position.
-        T, S = query.shape[1], key.shape[1]
-        mask = causal_mask(T, S, offset=start)  # (T, S)
-        out = attention(query, key, value, mask=mask)  # (B, T, N, H)
+        out, cache_key, cache_value = decode_step(
+            query, key, value, cache["key"], cache["value"], start
+        )  # (B, T, N, H): chapter 10's step, T tokens at a time
+        cache = {"key": cache_key, "value": cache_value}
     return x + jnp.einsum("BTNH,NHD->BTD", out, params["out"]), cache  # (B, T, D)
 
 
@@ -191,16 +188,17 @@ def embed(params: Params, tokens: jax.Array, start=0) -> jax.Array:
 
 def apply_blocks(params: Params, x: jax.Array, cache=None, start=0):
     """The L blocks, then the final norm and the unembedding: logits (B, T, V), cache."""
-    new_cache = {}
+    new_cache = []
     for i in range(num_blocks(params)):
-        name = f"block_{i}"
-        x, new_cache[name] = attention_block(
-            params[name]["attention"], x, None if cache is None else cache[name], start
+        block = params[f"block_{i}"]
+        x, layer_cache = attention_block(
+            block["attention"], x, None if cache is None else cache[i], start
         )
-        x = mlp_block(params[name]["mlp"], x)
+        new_cache.append(layer_cache)
+        x = mlp_block(block["mlp"], x)
     x = rms_norm(params["norm"], x)  # (B, T, D)
     logits = jnp.einsum("BTD,DV->BTV", x, params["unembed"]["w"])  # (B, T, V)
-    return logits, (None if cache is None else new_cache)
+    return logits, (None if cache is None else tuple(new_cache))
 
 
 def transformer_logits(params: Params, tokens: jax.Array) -> jax.Array:
@@ -210,6 +208,22 @@ def transformer_logits(params: Params, tokens: jax.Array) -> jax.Array:
     return logits
 
 
+def init_cache(params: Params, batch: int, length: int) -> tuple[dict, ...]:
+    """The model's empty KV cache: `init_kv_cache` with L, K, H and the dtype of `params`.
+
+    Only shapes and dtypes are read, so `jax.eval_shape(init_transformer, ...)` will do.
+    """
+    _, K, H = params["block_0"]["attention"]["key"].shape  # (D, K, H)
+    return init_kv_cache(
+        layers=num_blocks(params),
+        batch=batch,
+        length=length,
+        kv_heads=K,
+        head_dim=H,
+        dtype=params["block_0"]["attention"]["key"].dtype,
+    )
+
+
 def cached_logits(params: Params, tokens: jax.Array, cache, start):
     """Logits (B, T, V) of T new tokens at positions start.., reading and extending `cache`.
 
@@ -217,9 +231,13 @@ def cached_logits(params: Params, tokens: jax.Array, cache, start):
     start = the number of tokens already in the cache. The caller keeps start + T <= S.
 
     Args:
-      cache: {"block_i": {"key", "value"} each (B, S, K, H)}, as `generate.init_cache` makes.
+      cache: one {"key", "value"} per layer, each (B, K, S, H), as `init_cache` makes.
+    Returns:
+      (logits (B, T, V), the cache with the T new positions written).
     """
-    check_tokens(params, tokens, length=cache["block_0"]["key"].shape[1])
+    if len(cache) != num_blocks(params):
+        raise ValueError(f"cache has {len(cache)} layers, the model {num_blocks(params)}")
+    check_tokens(params, tokens, length=cache[0]["key"].shape[2])
     return apply_blocks(params, embed(params, tokens, start), cache, start)
 
 

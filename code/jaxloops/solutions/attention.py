@@ -10,9 +10,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxloops.attention import attention, causal_mask, masked_fill_value
-from jaxloops.generation import init_cache
 from jaxloops.kvcache import check_decode_shapes, kv_cache_bytes
-from jaxloops.transformer import cached_logits
+from jaxloops.transformer import cached_logits, init_cache
 
 
 # Chapter 8.
@@ -150,7 +149,11 @@ def ragged_decode_attention(query, cache_key, cache_value, lengths):
     Returns:
       (B, 1, N, H).
     """
-    B, N, K, S, H = check_decode_shapes(query, cache_key, cache_value)
+    B, T, N, K, S, H = check_decode_shapes(query, cache_key, cache_value)
+    if T != 1:
+        raise ValueError(
+            f"one new token per sequence: query must be (B, 1, N, H), got {query.shape}"
+        )
     query_BKGH = query.reshape(B, K, N // K, H)  # (B, K, G, H)
     scores = jnp.einsum(
         "BKGH,BKSH->BKGS", query_BKGH, cache_key, preferred_element_type=jnp.float32
