@@ -105,8 +105,8 @@ class Sizes:
     loop: LoopSizes
     attention: AttentionSizes
     lm: LanguageModelSizes
-    checkpoint: CheckpointSizes
     sharding: ShardingSizes
+    checkpoint: CheckpointSizes
 
 
 _CPU = Sizes(
@@ -152,14 +152,6 @@ _CPU = Sizes(
         weight_decay=0.1,
         decode_batch=8,
     ),
-    checkpoint=CheckpointSizes(
-        epochs=6,
-        stop_epoch=3,
-        kill_epoch=2,
-        keep_last=2,
-        lm_text_bytes=2**16,
-        lm_windows=64,
-    ),
     sharding=ShardingSizes(
         devices=8,
         hidden=(256, 256),
@@ -168,6 +160,14 @@ _CPU = Sizes(
         epochs=3,
         learning_rate=3e-3,
         weight_decay=1e-2,
+    ),
+    checkpoint=CheckpointSizes(
+        epochs=6,
+        stop_epoch=3,
+        kill_epoch=2,
+        keep_last=2,
+        lm_text_bytes=2**16,
+        lm_windows=64,
     ),
 )
 
@@ -214,14 +214,6 @@ _GPU = Sizes(
         weight_decay=0.1,
         decode_batch=8,
     ),
-    checkpoint=CheckpointSizes(
-        epochs=20,
-        stop_epoch=8,
-        kill_epoch=5,
-        keep_last=2,
-        lm_text_bytes=2**20,
-        lm_windows=1024,
-    ),
     sharding=ShardingSizes(
         devices=8,  # 8 GPUs of one host, or 8 simulated CPU devices where fewer are found
         hidden=(1024, 1024),
@@ -230,6 +222,14 @@ _GPU = Sizes(
         epochs=10,
         learning_rate=3e-3,
         weight_decay=1e-2,
+    ),
+    checkpoint=CheckpointSizes(
+        epochs=20,
+        stop_epoch=8,
+        kill_epoch=5,
+        keep_last=2,
+        lm_text_bytes=2**20,
+        lm_windows=1024,
     ),
 )
 
