@@ -104,8 +104,10 @@ def decode_attention(query, cache_key, cache_value, start):
     query_BKRH = (
         query.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)
     )  # (B, T, N, H) -> (B, K, G, T, H) -> (B, K, R, H), row r = g * T + t
+    # The cache is the left operand, S rows of H read in order; the R query rows are the
+    # right one. (The other order ran GQA's step 1.3-2x slower on XLA's CPU backend.)
     scores = jnp.einsum(
-        "BKRH,BKSH->BKRS", query_BKRH, cache_key, preferred_element_type=jnp.float32
+        "BKSH,BKRH->BKRS", cache_key, query_BKRH, preferred_element_type=jnp.float32
     ) / math.sqrt(H)  # (B, K, R, S)
     # `is_causal` would align top-left and show query 0 slot 0 only: mask by position.
     visible = jnp.tile(causal_mask(T, S, offset=start), (G, 1))  # (R, S): s <= start + t
