@@ -1,11 +1,13 @@
 """A small MLP on a dict pytree: init, logits and its loss."""
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 
 from jaxloops.data import Batch
+from jaxloops.initializers import draw_normal
 from jaxloops.losses import accuracy, cross_entropy
 
 Params = dict[str, dict[str, jax.Array]]
@@ -28,11 +30,14 @@ def init_mlp(key: jax.Array, sizes: tuple[int, ...]) -> Params:
 
 @functools.partial(jax.jit, static_argnames="sizes")
 def _init_layers(key: jax.Array, sizes: tuple[int, ...]) -> Params:
-    keys = jax.random.split(key, len(sizes) - 1)
-    params = {}
-    for i, (k, fan_in, fan_out) in enumerate(zip(keys, sizes[:-1], sizes[1:])):
-        w = jax.random.normal(k, (fan_in, fan_out)) * jnp.sqrt(2.0 / fan_in)
-        params[f"dense_{i}"] = {"w": w, "b": jnp.zeros((fan_out,))}
+    # He initialisation: w ~ N(0, 2 / fan_in), all layers cut from one normal sample.
+    spec = {
+        f"dense_{i}": {"w": ((fan_in, fan_out), fan_in, math.sqrt(2.0))}
+        for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:]))
+    }
+    params = draw_normal(key, spec)
+    for i, fan_out in enumerate(sizes[1:]):
+        params[f"dense_{i}"]["b"] = jnp.zeros((fan_out,))
     return params
 
 
