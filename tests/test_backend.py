@@ -26,7 +26,7 @@ def test_sizes_of_every_backend_are_consistent(backend):
     assert attn.decode_heads % 4 == 0 and attn.decode_heads >= 8 and attn.decode_steps >= 1
     ckpt = sizes.checkpoint
     assert 0 < ckpt.kill_epoch < ckpt.epochs and 0 < ckpt.stop_epoch < ckpt.epochs
-    assert ckpt.keep_last >= 1 and ckpt.lm_windows >= lm.batch_size
+    assert ckpt.keep_last >= 3 and ckpt.lm_windows >= lm.batch_size
     assert ckpt.lm_text_bytes > ckpt.lm_windows  # room to cut the windows from
     # The language model's sizes must build a config (divisibility of D by N, N by K).
     config = jaxloops.TransformerConfig(
