@@ -6,6 +6,7 @@ same code. Timings use `time_call` (warm-up, block_until_ready, median); none is
 
 import functools
 import math
+import re
 import statistics
 
 import jax
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxloops.attention import attention, causal_mask, softmax
+from jaxloops.blockwise import Tiling, blockwise_attention, online_softmax_step, tile_scores
 from jaxloops.kvcache import decode_attention
 from jaxloops.measure.kernels import attention_fn, run_attention
 from jaxloops.measure.timing import time_call
@@ -69,7 +71,8 @@ def compiled_costs(fn, *args) -> dict:
     """What XLA says about one compiled call of `jax.jit(fn)(*args)`, from a single compile.
 
     Returns:
-      flops and bytes_accessed (cost analysis; a loop body is counted once, not per trip)
+      flops, bytes_accessed and transcendentals (exponentials, logs...) from the cost
+      analysis (a loop body is counted once, not once per trip)
       and temp_bytes (memory analysis: the scratch the program allocates).
     """
     compiled = jax.jit(fn).lower(*args).compile()
@@ -79,6 +82,7 @@ def compiled_costs(fn, *args) -> dict:
     return {
         "flops": float(cost.get("flops", 0.0)),
         "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+        "transcendentals": float(cost.get("transcendentals", 0.0)),
         "temp_bytes": int(compiled.memory_analysis().temp_size_in_bytes),
     }
 
@@ -184,6 +188,117 @@ def naive_attention_parts(key: jax.Array, *, T: int, heads: int, head_dim: int, 
             row["samples"].append(time_call(fn, *args, warmup=0, repeats=1))
     for row in rows:
         row["seconds"] = statistics.median(row["samples"])
+    return rows
+
+
+_HLO_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?(\S+) = \S+ ([\w-]+)\(")
+_HLO_FUSION = re.compile(r"^\s*(?:ROOT )?%?(\S+) = (\S+) fusion\(.*kind=(\w+), calls=%?([\w.-]+)")
+_BOOKKEEPING = {"parameter", "constant", "bitcast", "broadcast", "tuple", "get-tuple-element"}
+
+
+def compiled_fusions(fn, *args) -> list[dict]:
+    """The fusions of the compiled program of `jax.jit(fn)(*args)`, read from its HLO text.
+
+    Returns:
+      One row per fusion: name, kind (XLA's kLoop, kInput, kOutput, or kCustom for a
+      library call such as a matmul), shape of its result, where it runs ("once", or
+      "loop" inside a while body) and the operations fused into it.
+    """
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    ops, fusions, computation = {}, [], None
+    for line in text.splitlines():
+        if line and not line[0].isspace() and "{" in line:  # a computation begins
+            computation = "ENTRY" if line.startswith("ENTRY") else line.split()[0].lstrip("%")
+            ops[computation] = []
+            continue
+        fusion = _HLO_FUSION.match(line)
+        if fusion:
+            fusions.append((computation, *fusion.groups()))
+        instruction = _HLO_INSTRUCTION.match(line)
+        if instruction and computation is not None:
+            ops[computation].append(instruction.group(2))
+    loop_bodies = set(re.findall(r"(?:body|condition)=%?([\w.-]+)", text))
+    return [
+        {
+            "fusion": name,
+            "kind": kind,
+            "shape": shape.split("{")[0],
+            "runs": "once" if where == "ENTRY" else "loop" if where in loop_bodies else where,
+            "ops": ", ".join(sorted(set(ops.get(called, [])) - _BOOKKEEPING)),
+        }
+        for where, name, shape, kind, called in fusions
+    ]
+
+
+def blockwise_tile_parts(
+    key: jax.Array,
+    *,
+    T: int,
+    heads: int,
+    head_dim: int,
+    block_size: int,
+    parallel_blocks: int,
+    repeats: int,
+) -> list[dict]:
+    """A profile of blockwise attention by parts: one tile's moves compiled and timed alone.
+
+    The tile is what one trip of the key loop handles at T = S: Tq = P * Tb query rows
+    against Sb = Tb keys, all heads (B = 1, K = N). Each part is timed per tile and
+    multiplied by the number of tiles, ceil(T / Tq) * ceil(T / Sb); the whole
+    `blockwise_attention` call at T = S is timed in the same rotation, last row.
+
+    Returns:
+      Rows (part, flops, bytes_accessed, transcendentals, seconds_per_call, seconds).
+    """
+    Tq, Sb = parallel_blocks * block_size, block_size
+    n_tiles = -(-T // Tq) * -(-T // Sb)
+    rng = np.random.default_rng(np.asarray(jax.random.key_data(key)))
+    draw = lambda *shape: jnp.asarray(rng.standard_normal(shape, np.float32))
+    query, key_, value = (
+        draw(1, heads, 1, Tq, head_dim),
+        draw(1, heads, Sb, head_dim),
+        draw(1, heads, Sb, head_dim),
+    )  # (B, K, G, Tq, H), (B, K, Sb, H), (B, K, Sb, H)
+    tiling = Tiling(T, T, Tq, Sb, False)
+    scores = jax.jit(lambda q, k: tile_scores(q, k, 0, 0, tiling))(query, key_)  # (B,K,G,Tq,Sb)
+    carry = (
+        jnp.full((1, heads, 1, Tq), -1e30, jnp.float32),
+        jnp.zeros((1, heads, 1, Tq), jnp.float32),
+        jnp.zeros((1, heads, 1, Tq, head_dim), jnp.float32),
+    )
+    whole = functools.partial(
+        blockwise_attention, block_size=block_size, parallel_blocks=parallel_blocks
+    )
+    parts = {  # part: (function, arguments, calls per attention call)
+        "scores: Q Kᵀ": (lambda q, k: tile_scores(q, k, 0, 0, tiling), (query, key_), n_tiles),
+        "online softmax step (all of it)": (online_softmax_step, (carry, scores, value), n_tiles),
+        "  of which P V": (
+            lambda p, v: jnp.einsum("BKGTS,BKSH->BKGTH", p, v),
+            (scores, value),
+            n_tiles,
+        ),
+        "whole (blockwise)": (
+            whole,
+            random_qkv(key, batch=1, length=T, heads=heads, head_dim=head_dim),
+            1,
+        ),
+    }
+    rows, timed = [], []
+    for part, (fn, args, calls) in parts.items():
+        rows.append({"part": part, **compiled_costs(fn, *args), "calls": calls, "samples": []})
+        timed.append((rows[-1], jax.jit(fn), args))
+        jax.block_until_ready(timed[-1][1](*args))
+    for _ in range(repeats):
+        for row, fn, args in timed:
+            row["samples"].append(
+                time_call(fn, *args, warmup=0, repeats=1 if row["calls"] == 1 else 3)
+            )
+    for row in rows:
+        row["seconds_per_call"] = statistics.median(row["samples"])
+        row["seconds"] = row["seconds_per_call"] * row["calls"]
+        for name in ("flops", "bytes_accessed", "transcendentals"):
+            row[name] *= row["calls"]
+    rows[-1]["flops"] = rows[-1]["bytes_accessed"] = rows[-1]["transcendentals"] = None
     return rows
 
 
