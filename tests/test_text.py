@@ -78,3 +78,13 @@ def test_spaced_windows_cover_the_text_from_start_to_end():
     np.testing.assert_array_equal(batch.y, batch.x + 1)
     with pytest.raises(ValueError, match="cannot cut"):
         spaced_windows(tokens[:9], seq_len=9, count=1)
+
+
+def test_the_split_is_named_with_the_module_it_cuts():
+    corpus = load_stdlib_corpus(2**15, 0.25)
+    path = next(p for p in stdlib_files() if p.name == corpus.split_file)
+    module = text_to_ids(path.read_bytes().decode("utf-8", errors="replace"))
+    head = corpus.split_offset  # characters of the module that went to training
+    assert 0 < head < len(module)  # mid-module for this budget
+    np.testing.assert_array_equal(corpus.train[-head:], module[:head])
+    np.testing.assert_array_equal(corpus.validation[:50], module[head : head + 50])

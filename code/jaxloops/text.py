@@ -35,6 +35,8 @@ class Corpus(NamedTuple):
     validation: np.ndarray  # (n_validation,)
     files: tuple[str, ...]  # file names read, in order (the last one possibly cut short)
     python_version: str  # whose standard library was read
+    split_file: str  # the module in which validation begins: the cut is mid-module
+    split_offset: int  # characters of `split_file` that went to training
 
 
 def text_to_ids(text: str) -> np.ndarray:
@@ -68,8 +70,10 @@ def stdlib_files() -> list[pathlib.Path]:
 def load_stdlib_corpus(num_bytes: int, validation_fraction: float = 0.1) -> Corpus:
     """Reads `num_bytes` of standard-library source and splits it, train first.
 
-    The validation text is the last `validation_fraction` of the bytes read: whole modules
-    the model never trains on, not windows interleaved with the training text.
+    The validation text is the last `validation_fraction` of the characters read: a
+    contiguous tail, not windows interleaved with the training text. The cut falls where the
+    fraction says, so usually inside a module (`split_file`): that module's head is trained
+    on and its tail validated; every later module is validation only.
     """
     if num_bytes < 1 or not 0 < validation_fraction < 1:
         raise ValueError(
@@ -90,9 +94,20 @@ def load_stdlib_corpus(num_bytes: int, validation_fraction: float = 0.1) -> Corp
             f"asked for {num_bytes}"
         )
     # Bytes outside ASCII decode to U+FFFD (or a cut character's half does): both -> UNKNOWN.
-    ids = text_to_ids(b"".join(chunks).decode("utf-8", errors="replace"))
+    # Each module decoded on its own so that character offsets are known per module.
+    texts = [chunk.decode("utf-8", errors="replace") for chunk in chunks]
+    ids = text_to_ids("".join(texts))
     cut = int(len(ids) * (1 - validation_fraction))
-    return Corpus(ids[:cut], ids[cut:], tuple(names), platform.python_version())
+    first_chars = np.cumsum([0] + [len(text) for text in texts])  # where each module starts
+    module = int(np.searchsorted(first_chars, cut, side="right")) - 1
+    return Corpus(
+        ids[:cut],
+        ids[cut:],
+        tuple(names),
+        platform.python_version(),
+        names[module],
+        int(cut - first_chars[module]),
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("steps", "batch_size", "seq_len"))
