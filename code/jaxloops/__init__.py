@@ -6,8 +6,9 @@ Notation, used in every einsum, shape comment and suffix:
   N query heads, K key/value heads, G = N // K, H head dim, V vocabulary,
   C classes, L layers.
 
-Local letters: P prompt length, M micro-batches, Tb / Sb query / key block lengths, Tc a
-chunk's length, nT / nS numbers of blocks. L is never a length.
+Local letters: P prompt length, M micro-batches, Tb / Sb query / key block lengths, Tq a
+query tile's rows (query blocks stacked), Tc a chunk's length, nT / nS numbers of query
+tiles / key blocks. L is never a length.
 
 Where things live:
 

@@ -3,8 +3,8 @@
 The (T, S) score matrix is never built, forward or backward. Queries are cut into blocks of
 Tb and keys into blocks of Sb. As in FlashAttention-2, the work is split over query blocks:
 each one walks the key blocks with the running max, sum and output of an online softmax,
-independently of the others, so `parallel_blocks` (P) of them walk together, stacked into
-one tile of Tq = P * Tb rows: what `jax.vmap` over the blocks computes, without the copies
+independently of the others, so `parallel_blocks` of them walk together, stacked into one
+tile of Tq = parallel_blocks * Tb rows: what `jax.vmap` over the blocks computes, without the copies
 of every score tile that its batch axis costs. The backward pass (`jax.custom_vjp`) keeps
 only Q, K, V, the output and one log-sum-exp per query row, and recomputes each tile's
 scores from them.
@@ -26,7 +26,7 @@ class Tiling(NamedTuple):
 
     T: int  # queries before padding
     S: int  # keys before padding
-    q_block: int  # Tq = P * Tb: rows of one query tile
+    q_block: int  # Tq = parallel_blocks * Tb: rows of one query tile
     k_block: int  # Sb
     is_causal: bool
 
@@ -99,11 +99,11 @@ def _forward(query, key, value, tiling: Tiling):
     """Output and per-row log-sum-exp, query tiles one after another.
 
     Args:
-      query: (nC, B, K, G, Tq, H): tiles of Tq = P * Tb query rows.
+      query: (nT, B, K, G, Tq, H): tiles of Tq = parallel_blocks * Tb query rows.
       key, value: (nS, B, K, Sb, H).
 
     Returns:
-      out (nC, B, K, G, Tq, H) float32, lse (nC, B, K, G, Tq) float32.
+      out (nT, B, K, G, Tq, H) float32, lse (nT, B, K, G, Tq) float32.
     """
     _, B, K, G, Tq, H = query.shape
     n_key_blocks, Sb = key.shape[0], key.shape[3]
@@ -167,7 +167,7 @@ def _backward(tiling: Tiling, residuals, d_out):
     scaled = (query * jnp.asarray(scale, query.dtype)).astype(jnp.float32)  # as forward saw it
     key32, value32 = key.astype(jnp.float32), value.astype(jnp.float32)
     d_out = d_out.astype(jnp.float32)
-    delta = (d_out * out).sum(axis=-1)  # (nC, B, K, G, Tq)
+    delta = (d_out * out).sum(axis=-1)  # (nT, B, K, G, Tq)
 
     def one_query_tile(carry, args):
         query_tile, d_out_tile, lse_tile, delta_tile, chunk = args
@@ -239,7 +239,7 @@ def blockwise_attention(
       is_causal: query t attends to keys s <= t (top-left); key blocks entirely after a
         chunk's last query are skipped, not just masked.
       block_size: queries and keys per block (Tb = Sb); T and S need not be multiples of it.
-      parallel_blocks: P, query blocks that walk the key blocks together, as one tile.
+      parallel_blocks: query blocks that walk the key blocks together, as one tile.
 
     Returns:
       (B, T, N, H), in the dtype of value. Differentiable: the backward pass recomputes
@@ -253,18 +253,18 @@ def blockwise_attention(
     B, T, S, N, K, H = check_attention_shapes(query, key, value)
     G = N // K
     q_block, k_block = min(block_size, T), min(block_size, S)
-    P = min(parallel_blocks, -(-T // q_block))  # no more parallel blocks than there are
-    # The P query blocks of a chunk are independent rows: stacked, they are one tile.
-    tiling = Tiling(T, S, P * q_block, k_block, is_causal)
+    # No more parallel blocks than there are blocks; independent rows, stacked into one tile.
+    Tq = min(parallel_blocks, -(-T // q_block)) * q_block
+    tiling = Tiling(T, S, Tq, k_block, is_causal)
 
-    query = _pad_to(query, 1, P * q_block)  # (B, nC * Tq, N, H), Tq = P * Tb
-    query = query.reshape(B, -1, P * q_block, K, G, H)  # (B, nC, Tq, K, G, H)
-    query = query.transpose(1, 0, 3, 4, 2, 5)  # (nC, B, K, G, Tq, H)
+    query = _pad_to(query, 1, Tq)  # (B, nT * Tq, N, H)
+    query = query.reshape(B, -1, Tq, K, G, H)  # (B, nT, Tq, K, G, H)
+    query = query.transpose(1, 0, 3, 4, 2, 5)  # (nT, B, K, G, Tq, H)
     key = _pad_to(key, 1, k_block).reshape(B, -1, k_block, K, H)  # (B, nS, Sb, K, H)
     value = _pad_to(value, 1, k_block).reshape(B, -1, k_block, K, H)  # (B, nS, Sb, K, H)
     key = key.transpose(1, 0, 3, 2, 4)  # (nS, B, K, Sb, H)
     value = value.transpose(1, 0, 3, 2, 4)  # (nS, B, K, Sb, H)
 
-    out = _blockwise_core(query, key, value, tiling)  # (nC, B, K, G, Tq, H)
-    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(B, -1, N, H)  # (B, nC * Tq, N, H)
+    out = _blockwise_core(query, key, value, tiling)  # (nT, B, K, G, Tq, H)
+    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(B, -1, N, H)  # (B, nT * Tq, N, H)
     return out[:, :T].astype(value.dtype)  # (B, T, N, H)

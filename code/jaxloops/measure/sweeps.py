@@ -242,7 +242,7 @@ def blockwise_tile_parts(
 ) -> list[dict]:
     """A profile of blockwise attention by parts: one tile's moves compiled and timed alone.
 
-    The tile is what one trip of the key loop handles at T = S: Tq = P * Tb query rows
+    The tile is what one trip of the key loop handles at T = S: Tq = parallel_blocks * Tb query rows
     against Sb = Tb keys, all heads (B = 1, K = N). Each part is timed per tile and
     multiplied by the number of tiles, ceil(T / Tq) * ceil(T / Sb); the whole
     `blockwise_attention` call at T = S is timed in the same rotation, last row.

@@ -90,7 +90,7 @@ def split_kv_attention(query, key, value, split: int):
 def chunked_causal_attention(query, key, value, chunk: int):
     """Causal self-attention, `chunk` queries at a time: chunked prefill into a cache.
 
-    The chunk starting at `start` attends to all S slots through `causal_mask(C, S,
+    The chunk starting at `start` attends to all S slots through `causal_mask(Tc, S,
     offset=start)`, which hides both later tokens and slots not yet written.
     """
     T, S = query.shape[1], key.shape[1]
@@ -98,8 +98,8 @@ def chunked_causal_attention(query, key, value, chunk: int):
         raise ValueError(f"need T == S and chunk >= 1, got T={T}, S={S}, chunk={chunk}")
     outs = []
     for start in range(0, T, chunk):
-        block = query[:, start : start + chunk]  # (B, C, N, H), C = chunk except at the end
-        mask = causal_mask(block.shape[1], S, offset=start)  # (C, S)
+        block = query[:, start : start + chunk]  # (B, Tc, N, H), Tc = chunk except at the end
+        mask = causal_mask(block.shape[1], S, offset=start)  # (Tc, S)
         outs.append(attention(block, key, value, mask=mask))
     return jnp.concatenate(outs, axis=1)  # (B, T, N, H)
 
