@@ -48,9 +48,10 @@ def mlp_logits(params: Params, x: jax.Array) -> jax.Array:
         raise ValueError(
             f"inputs have shape {x.shape}; the first layer expects (B, {layers[0]['w'].shape[0]})"
         )
+    # Biases (F,) broadcast over the batch explicitly: the tests forbid implicit rank promotion.
     for layer in layers[:-1]:
-        x = jax.nn.relu(x @ layer["w"] + layer["b"])  # (B, F_i) -> (B, F_{i+1})
-    return x @ layers[-1]["w"] + layers[-1]["b"]  # (B, F) -> (B, C)
+        x = jax.nn.relu(x @ layer["w"] + layer["b"][None, :])  # (B, F_i) -> (B, F_{i+1})
+    return x @ layers[-1]["w"] + layers[-1]["b"][None, :]  # (B, F) -> (B, C)
 
 
 def mlp_loss(params: Params, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
