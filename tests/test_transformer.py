@@ -1,3 +1,4 @@
+import functools
 import math
 
 import jax
@@ -7,6 +8,7 @@ import optax
 import pytest
 
 from jaxloops.attention import attention
+from jaxloops.blockwise import blockwise_attention
 from jaxloops.data import Batch
 from jaxloops.loop import make_epoch
 from jaxloops.text import VOCAB_SIZE, load_stdlib_corpus, sample_windows
@@ -104,6 +106,22 @@ def test_loss_is_optax_cross_entropy_of_the_logits(params, tokens):
     )
     np.testing.assert_allclose(loss, expected, rtol=1e-6)
     np.testing.assert_allclose(accuracy, expected_accuracy)
+
+
+def test_blockwise_attention_trains_the_same_model(params, tokens):
+    # Blocks of 4 over T = 9: the last block is partial, and causal blocks are skipped.
+    blockwise = functools.partial(blockwise_attention, block_size=4, parallel_blocks=1)
+    batch = Batch(x=tokens, y=jnp.roll(tokens, -1, axis=1))
+
+    @jax.jit
+    def both(params):
+        grad = jax.value_and_grad(lambda p, attend: transformer_loss(p, batch, attend)[0])
+        return grad(params, attention), grad(params, blockwise)
+
+    (loss, grads), (loss_blockwise, grads_blockwise) = both(params)
+    np.testing.assert_allclose(loss_blockwise, loss, rtol=1e-6)
+    for got, want in zip(jax.tree.leaves(grads_blockwise), jax.tree.leaves(grads)):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-4)
 
 
 def test_attention_map_is_causal_and_reproduces_the_attention_output(params, tokens):

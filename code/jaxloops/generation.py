@@ -2,6 +2,8 @@
 cache of chapter 10 (`init_kv_cache`, heads-major, one array per layer), and, for
 comparison, decoding that recomputes the whole prefix every step.
 
+P is the prompt's length (the T of the prefill); the cache holds S = P + steps positions.
+
 Both decoders are one compiled program each (a `lax.fori_loop` under `jax.jit`) and draw
 token i with `fold_in(key, i)`, so for the same key they produce the same tokens.
 """

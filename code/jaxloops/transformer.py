@@ -133,7 +133,7 @@ def project_qkv(params: Params, x: jax.Array):
     return query, key, value
 
 
-def attention_block(params: Params, x: jax.Array, cache=None, start=0):
+def attention_block(params: Params, x: jax.Array, cache=None, start=0, attend=attention):
     """x + causal GQA attention of norm(x). With a cache, the T new tokens sit at
     positions start..start+T-1 and attend to every position written so far.
 
@@ -141,12 +141,14 @@ def attention_block(params: Params, x: jax.Array, cache=None, start=0):
       x: (B, T, D).
       cache: None, or this layer's {"key", "value"}, each (B, K, S, H) (`init_kv_cache`).
       start: where the T new positions begin in the cache (may be traced).
+      attend: the causal attention used without a cache: `attention`, or any function
+        with its signature, such as `blockwise_attention`.
     Returns:
       (x (B, T, D), the cache with the new keys and values written in, or None).
     """
     query, key, value = project_qkv(params, x)  # (B, T, N, H), (B, T, K, H), (B, T, K, H)
     if cache is None:
-        out = attention(query, key, value, is_causal=True)  # (B, T, N, H)
+        out = attend(query, key, value, is_causal=True)  # (B, T, N, H)
     else:
         out, cache_key, cache_value = decode_step(
             query, key, value, cache["key"], cache["value"], start
@@ -186,13 +188,13 @@ def embed(params: Params, tokens: jax.Array, start=0) -> jax.Array:
     return params["embed"]["tokens"][tokens] + positions  # (B, T, D)
 
 
-def apply_blocks(params: Params, x: jax.Array, cache=None, start=0):
+def apply_blocks(params: Params, x: jax.Array, cache=None, start=0, attend=attention):
     """The L blocks, then the final norm and the unembedding: logits (B, T, V), cache."""
     new_cache = []
     for i in range(num_blocks(params)):
         block = params[f"block_{i}"]
         x, layer_cache = attention_block(
-            block["attention"], x, None if cache is None else cache[i], start
+            block["attention"], x, None if cache is None else cache[i], start, attend
         )
         new_cache.append(layer_cache)
         x = mlp_block(block["mlp"], x)
@@ -201,10 +203,10 @@ def apply_blocks(params: Params, x: jax.Array, cache=None, start=0):
     return logits, (None if cache is None else tuple(new_cache))
 
 
-def transformer_logits(params: Params, tokens: jax.Array) -> jax.Array:
+def transformer_logits(params: Params, tokens: jax.Array, attend=attention) -> jax.Array:
     """Next-token logits (B, T, V) of tokens (B, T); position t sees tokens 0..t only."""
     check_tokens(params, tokens)
-    logits, _ = apply_blocks(params, embed(params, tokens))
+    logits, _ = apply_blocks(params, embed(params, tokens), attend=attend)
     return logits
 
 
@@ -241,9 +243,12 @@ def cached_logits(params: Params, tokens: jax.Array, cache, start):
     return apply_blocks(params, embed(params, tokens, start), cache, start)
 
 
-def transformer_loss(params: Params, batch: Batch):
-    """Mean next-token cross-entropy (nats) of x (B, T) against y (B, T), and accuracy."""
-    logits = transformer_logits(params, batch.x)  # (B, T, V)
+def transformer_loss(params: Params, batch: Batch, attend=attention):
+    """Mean next-token cross-entropy (nats) of x (B, T) against y (B, T), and accuracy.
+
+    `attend` is the attention of every block (default `attention`; `blockwise_attention`
+    trains the same model without materialising the (T, S) scores)."""
+    logits = transformer_logits(params, batch.x, attend)  # (B, T, V)
     V = logits.shape[-1]
     logits_V, labels = logits.reshape(-1, V), batch.y.reshape(-1)  # (B*T, V), (B*T,)
     return cross_entropy(logits_V, labels), {"accuracy": accuracy(logits_V, labels)}
