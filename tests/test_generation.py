@@ -9,8 +9,8 @@ from jaxloops.kvcache import kv_cache_bytes
 from jaxloops.transformer import (
     TransformerConfig,
     cached_logits,
-    init_cache,
     init_transformer,
+    kv_cache_for,
     transformer_logits,
 )
 
@@ -40,7 +40,7 @@ def prompt():
 
 
 def test_the_model_cache_is_the_one_kv_cache_of_the_formulas_size(params):
-    cache = init_cache(params, batch=7, length=15)
+    cache = kv_cache_for(params, batch=7, length=15)
     one = jaxloops.init_kv_cache(
         layers=2, batch=7, length=15, kv_heads=5, head_dim=3, dtype=jnp.float32
     )
@@ -57,7 +57,7 @@ def test_prefill_then_decode_steps_give_the_full_forward_logits(params):
 
     @jax.jit
     def cached_then_full(params, tokens):
-        cache = init_cache(params, batch=7, length=11)
+        cache = kv_cache_for(params, batch=7, length=11)
         prefill, cache = cached_logits(params, tokens[:, :5], cache, 0)  # (B, P, V)
 
         def decode(cache, t):  # one token at a time, each reading the cache

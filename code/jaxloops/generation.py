@@ -17,7 +17,7 @@ from jaxloops.transformer import (
     Params,
     cached_logits,
     check_tokens,
-    init_cache,
+    kv_cache_for,
     transformer_logits,
 )
 
@@ -54,7 +54,7 @@ def generate(
     S = P + steps
     tokens = jnp.zeros((B, S), jnp.int32).at[:, :P].set(prompt)  # (B, S)
     # Prefill: the whole prompt in one call; only the last position's logits are needed.
-    logits, cache = cached_logits(params, prompt, init_cache(params, B, S), 0)  # (B, P, V)
+    logits, cache = cached_logits(params, prompt, kv_cache_for(params, B, S), 0)  # (B, P, V)
     first = sample_token(jax.random.fold_in(key, 0), logits[:, -1], temperature)  # (B,)
     tokens = tokens.at[:, P].set(first)
 

@@ -210,7 +210,7 @@ def transformer_logits(params: Params, tokens: jax.Array, attend=attention) -> j
     return logits
 
 
-def init_cache(params: Params, batch: int, length: int) -> tuple[dict, ...]:
+def kv_cache_for(params: Params, batch: int, length: int) -> tuple[dict, ...]:
     """The model's empty KV cache: `init_kv_cache` with L, K, H and the dtype of `params`.
 
     Only shapes and dtypes are read, so `jax.eval_shape(init_transformer, ...)` will do.
@@ -233,7 +233,7 @@ def cached_logits(params: Params, tokens: jax.Array, cache, start):
     start = the number of tokens already in the cache. The caller keeps start + T <= S.
 
     Args:
-      cache: one {"key", "value"} per layer, each (B, K, S, H), as `init_cache` makes.
+      cache: one {"key", "value"} per layer, each (B, K, S, H), as `kv_cache_for` makes.
     Returns:
       (logits (B, T, V), the cache with the T new positions written).
     """

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from jaxloops.attention import attention, causal_mask, masked_fill_value
 from jaxloops.kvcache import check_decode_shapes, kv_cache_bytes
-from jaxloops.transformer import cached_logits, init_cache
+from jaxloops.transformer import cached_logits, kv_cache_for
 
 
 # Chapter 8.
@@ -185,7 +185,7 @@ def incremental_logits(params, tokens, *, prefill: int):
     B, T = tokens.shape
     if not 0 < prefill <= T:
         raise ValueError(f"prefill {prefill} must be in [1, {T}]")
-    logits, cache = cached_logits(params, tokens[:, :prefill], init_cache(params, B, T), 0)
+    logits, cache = cached_logits(params, tokens[:, :prefill], kv_cache_for(params, B, T), 0)
     steps = [logits]  # (B, P, V)
     for position in range(prefill, T):
         step_logits, cache = cached_logits(
