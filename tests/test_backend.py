@@ -22,8 +22,8 @@ def test_sizes_of_every_backend_are_consistent(backend):
     assert set(attn.causal_lengths) <= set(attn.lengths) | set(attn.causal_lengths)
     assert attn.heads >= 1 and attn.head_dim >= 1 and attn.repeats >= 1
     assert lm.steps % lm.eval_every == 0
-    # Chapter 10: MHA, GQA (K = N // 4) and MQA all exist for the decode sweep's N.
-    assert attn.decode_heads % 4 == 0 and attn.decode_heads >= 8 and attn.decode_steps >= 1
+    # Chapter 10: MHA, GQA (K = N // 8) and MQA are three different K for the sweep's N.
+    assert attn.decode_heads % 8 == 0 and attn.decode_heads >= 16 and attn.decode_steps >= 1
     ckpt = sizes.checkpoint
     assert 0 < ckpt.kill_epoch < ckpt.epochs and 0 < ckpt.stop_epoch < ckpt.epochs
     assert ckpt.keep_last >= 3 and ckpt.lm_windows >= lm.batch_size

@@ -46,7 +46,7 @@ class AttentionSizes:
     decode_cache_lengths: tuple[int, ...]  # S of the decode sweep
     decode_batch: int  # B of the decode sweep
     decode_dtype: str
-    decode_heads: int  # N of the decode sweep: K = N, N // 4, 1 read 1, 1/4, 1/N of MHA's bytes
+    decode_heads: int  # N of the decode sweep: K = N, N // 8, 1 read 1, 1/8, 1/N of MHA's bytes
     decode_steps: int  # decode steps per timed call, so per-call overhead is spread thin
 
 
@@ -131,9 +131,9 @@ _CPU = Sizes(
         repeats=3,
         causal_lengths=(512, 1024, 2048),
         decode_cache_lengths=(512, 1024, 2048, 4096, 8192),
-        decode_batch=8,
+        decode_batch=4,
         decode_dtype="float32",
-        decode_heads=8,
+        decode_heads=16,
         decode_steps=16,
     ),
     lm=LanguageModelSizes(
@@ -195,7 +195,7 @@ _GPU = Sizes(
         decode_cache_lengths=(1024, 4096, 16384, 65536),
         decode_batch=16,
         decode_dtype="bfloat16",
-        decode_heads=8,
+        decode_heads=16,
         decode_steps=64,
     ),
     lm=LanguageModelSizes(
