@@ -11,11 +11,15 @@ import numpy as np
 import pytest
 
 import jaxloops
+from jaxloops.data import Split
 
 # Float32 means float32: on NVIDIA GPUs JAX's DEFAULT precision multiplies float32 matrices in
 # TF32 (10-bit mantissa), which would fail every comparison with a float32 or float64
 # reference. tests/test_measure_published.py shows where TF32 or bfloat16 would differ.
 jax.config.update("jax_default_matmul_precision", "highest")
+# An array of the wrong rank broadcasting silently is how a transposed or missing axis passes
+# a test: the suite refuses implicit rank promotion (the package broadcasts explicitly).
+jax.config.update("jax_numpy_rank_promotion", "raise")
 
 # Shared by the test modules (`from conftest import normal, SMALL_TRANSFORMER`): one copy.
 
@@ -48,9 +52,7 @@ def small_transformer():
 def digits():
     """The digits split, on the device."""
     split = jaxloops.load_digits_split(seed=0)
-    return jaxloops.Split(
-        jaxloops.to_device(split.train, 64, 10), jaxloops.to_device(split.test, 64, 10)
-    )
+    return Split(jaxloops.to_device(split.train, 64, 10), jaxloops.to_device(split.test, 64, 10))
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jaxloops
-from jaxloops import measure
+from jaxloops import generation, measure
 from jaxloops.solutions import attention as ex
 
 # One GQA problem shared by several tests, so they share compilations: B=2, T=S=11, N=9, K=3, H=5.
@@ -127,7 +127,7 @@ def test_ragged_decode_equals_jax_with_sequence_lengths():
 def test_temperature_probs_are_what_sample_token_draws(key):
     logits = jnp.array([2.0, -1.0, 0.5, 1.5, -3.0])
     draws = 20_000
-    sample = jax.jit(jax.vmap(lambda k: jaxloops.sample_token(k, logits[None], 0.7)[0]))
+    sample = jax.jit(jax.vmap(lambda k: generation.sample_token(k, logits[None], 0.7)[0]))
     counts = np.bincount(np.asarray(sample(jax.random.split(key, draws))), minlength=5)
     # Four standard errors of a frequency at most 0.5: 4 * sqrt(0.25 / 20000) < 0.015.
     np.testing.assert_allclose(counts / draws, ex.temperature_probs(logits, 0.7), atol=0.015)

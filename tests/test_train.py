@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import jaxloops
-from jaxloops import measure
+from jaxloops import measure, train
 
 
 def _setup(key, sizes=(64, 11, 10)):
@@ -15,7 +15,7 @@ def _setup(key, sizes=(64, 11, 10)):
 
 def test_decay_mask_selects_weight_matrices_only(key):
     params = jaxloops.init_mlp(key, (5, 7, 3))
-    assert jaxloops.decay_mask(params) == {
+    assert train.decay_mask(params) == {
         "dense_0": {"w": True, "b": False},
         "dense_1": {"w": True, "b": False},
     }

@@ -33,8 +33,8 @@ Two rules, applied everywhere:
   driver that runs it (`fit`, or the reader) applies `jax.jit` and decides donation.
 """
 
-from jaxloops.attention import attention, attention_weights, causal_mask, check_attention_shapes
-from jaxloops.backend import Sizes, experiment_sizes
+from jaxloops.attention import attention, attention_weights, causal_mask
+from jaxloops.backend import experiment_sizes
 from jaxloops.blockwise import blockwise_attention, online_softmax_step
 from jaxloops.checkpoint import (
     BrokenCheckpointWarning,
@@ -42,9 +42,8 @@ from jaxloops.checkpoint import (
     checkpoint_manager,
     restore_latest,
 )
-from jaxloops.data import Batch, Split, epoch_batches, load_digits_split, ragged_batches, to_device
+from jaxloops.data import Batch, epoch_batches, load_digits_split, ragged_batches, to_device
 from jaxloops.evaluate import (
-    EvalBatches,
     accuracy_from_confusion,
     checked_confusion_matrix,
     confusion_matrix,
@@ -53,7 +52,7 @@ from jaxloops.evaluate import (
     pad_batches,
     per_class_accuracy,
 )
-from jaxloops.generation import generate, generate_without_cache, sample_token
+from jaxloops.generation import generate, generate_without_cache
 from jaxloops.grads import finite_difference, sgd_update
 from jaxloops.kvcache import (
     attention_kind,
@@ -74,14 +73,13 @@ from jaxloops.sharding import (
     strategy_specs,
 )
 from jaxloops.text import (
-    Corpus,
     ids_to_text,
     load_stdlib_corpus,
     sample_windows,
     spaced_windows,
     text_to_ids,
 )
-from jaxloops.train import decay_mask, make_optimizer, make_train_step
+from jaxloops.train import make_optimizer, make_train_step
 from jaxloops.transformer import (
     TransformerConfig,
     attention_map,
@@ -103,21 +101,17 @@ __all__ = (
     "BrokenCheckpointWarning",
     "cached_logits",
     "causal_mask",
-    "check_attention_shapes",
     "checkpoint_hook",
     "checkpoint_manager",
     "confusion_matrix",
-    "Corpus",
     "checked_confusion_matrix",
     "checked_cross_entropy",
     "cross_entropy",
     "data_mesh",
-    "decay_mask",
     "decode_attention",
     "decode_step",
     "decode_tokens",
     "epoch_batches",
-    "EvalBatches",
     "evaluate",
     "experiment_sizes",
     "finite_difference",
@@ -144,14 +138,11 @@ __all__ = (
     "python_loop",
     "ragged_batches",
     "restore_latest",
-    "sample_token",
     "sample_windows",
     "sgd_update",
     "shard_map_step",
     "sharded_step",
-    "Sizes",
     "spaced_windows",
-    "Split",
     "strategy_specs",
     "text_to_ids",
     "to_device",

@@ -127,7 +127,7 @@ def sample_windows(
         )
     last_start = tokens.shape[0] - seq_len - 1  # the target of the last input is the last token
     starts = jax.random.randint(key, (steps, batch_size), 0, last_start + 1)  # (steps, B)
-    positions = starts[..., None] + jnp.arange(seq_len)  # (steps, B, T)
+    positions = starts[..., None] + jnp.arange(seq_len)[None, None]  # (steps, B, T)
     return Batch(x=tokens[positions], y=tokens[positions + 1])
 
 

@@ -8,7 +8,6 @@ unembed (D, V). The number of blocks is L.
 
 import dataclasses
 import functools
-import itertools
 import math
 
 import jax
@@ -16,6 +15,7 @@ import jax.numpy as jnp
 
 from jaxloops.attention import attention, attention_weights
 from jaxloops.data import Batch
+from jaxloops.initializers import draw_normal
 from jaxloops.kvcache import decode_step, init_kv_cache
 from jaxloops.losses import accuracy, cross_entropy
 
@@ -89,25 +89,6 @@ def init_transformer(key: jax.Array, config: TransformerConfig) -> Params:
     return params
 
 
-def draw_normal(key: jax.Array, spec) -> Params:
-    """N(0, gain^2 / fan_in) arrays for a tree whose leaves are (shape, fan_in, gain).
-
-    All leaves are cut from one normal sample: one random-number kernel rather than one per
-    leaf, which XLA compiles in a fraction of the time on a CPU.
-    """
-    is_spec = lambda leaf: isinstance(leaf, tuple) and isinstance(leaf[0], tuple)
-    leaves, treedef = jax.tree.flatten(spec, is_leaf=is_spec)
-    sizes = [math.prod(shape) for shape, _, _ in leaves]
-    flat = jax.random.normal(key, (sum(sizes),))  # (total,)
-    pieces = jnp.split(flat, list(itertools.accumulate(sizes))[:-1])
-    return treedef.unflatten(
-        [
-            gain / math.sqrt(fan_in) * piece.reshape(shape)  # (total,) -> shape
-            for piece, (shape, fan_in, gain) in zip(pieces, leaves)
-        ]
-    )
-
-
 def num_blocks(params: Params) -> int:
     """L, counted from the parameter tree."""
     return sum(name.startswith("block_") for name in params)
@@ -117,7 +98,8 @@ def rms_norm(params: Params, x: jax.Array, eps: float = 1e-6) -> jax.Array:
     """x / rms(x) * scale over the last axis (D), computed in float32."""
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32**2, axis=-1, keepdims=True) + eps)
-    return (x32 * params["scale"]).astype(x.dtype)
+    scale = params["scale"].reshape((1,) * (x.ndim - 1) + (-1,))  # (D,) -> (1, ..., 1, D)
+    return (x32 * scale).astype(x.dtype)
 
 
 def project_qkv(params: Params, x: jax.Array):
@@ -185,7 +167,7 @@ def embed(params: Params, tokens: jax.Array, start=0) -> jax.Array:
     positions = jax.lax.dynamic_slice_in_dim(
         params["embed"]["positions"], start, tokens.shape[1]
     )  # (T, D)
-    return params["embed"]["tokens"][tokens] + positions  # (B, T, D)
+    return params["embed"]["tokens"][tokens] + positions[None]  # (B, T, D) + (1, T, D)
 
 
 def apply_blocks(params: Params, x: jax.Array, cache=None, start=0, attend=attention):

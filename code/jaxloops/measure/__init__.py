@@ -1,5 +1,6 @@
 """Measuring: honest timing, throughput, attention sweeps, the roofline, and machine facts."""
 
+from jaxloops.measure import gpu_report as gpu_report  # a module: measure.gpu_report.sidebar
 from jaxloops.measure.kernels import (
     attention_fn,
     attention_with_fallback,
@@ -46,16 +47,14 @@ from jaxloops.measure.timing import (
     time_dispatch,
 )
 
-from jaxloops.measure import gpu_report  # noqa: E402  (a module: measure.gpu_report.sidebar)
-
 __all__ = (
     "allocated_bytes",
     "attention_fn",
     "attention_sweep",
     "attention_with_fallback",
     "blockwise_tile_parts",
-    "causal_sweep",
     "busy_seconds",
+    "causal_sweep",
     "compile_in_fresh_process",
     "compiled_costs",
     "compiled_flops",
