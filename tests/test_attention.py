@@ -4,16 +4,12 @@ import numpy as np
 import pytest
 
 import jaxloops
+from conftest import normal
 
 # Odd, distinct sizes: B, T, S, N, H; K varies per test. Data and references are NumPy,
 # so that the only programs compiled are the ones under test.
 B, T, S, N, H = 3, 7, 11, 6, 5
 library_attention = jax.jit(jax.nn.dot_product_attention, static_argnames="is_causal")
-
-
-def normal(shape, seed=0, dtype=np.float32):
-    """Standard-normal test data from NumPy (no sampler to compile per shape)."""
-    return np.random.default_rng(seed).standard_normal(shape, np.float32).astype(dtype)
 
 
 def qkv(kv_heads, t=T, s=S, dtype=np.float32):

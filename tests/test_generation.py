@@ -4,33 +4,22 @@ import numpy as np
 import pytest
 
 import jaxloops
+from conftest import SMALL_TRANSFORMER
 from jaxloops.generation import generate, generate_without_cache, sample_token
 from jaxloops.kvcache import kv_cache_bytes
 from jaxloops.transformer import (
-    TransformerConfig,
     cached_logits,
-    init_transformer,
     kv_cache_for,
     transformer_logits,
 )
 
-# The config of test_transformer (one compile of init for both): V 13, L 2, D 30, N 10,
-# K 5 (G = 2), H 3, F 21, max_len 11; prompts B 7, P 5.
-CONFIG = TransformerConfig(
-    vocab_size=13,
-    num_layers=2,
-    model_dim=30,
-    num_heads=10,
-    num_kv_heads=5,
-    hidden_dim=21,
-    max_len=11,
-)
+CONFIG = SMALL_TRANSFORMER  # V 13, L 2, D 30, N 10, K 5 (G = 2), H 3, F 21, max_len 11
 STEPS = 5  # P + STEPS = 10 < max_len
 
 
 @pytest.fixture(scope="module")
-def params():
-    return init_transformer(jax.random.key(1), CONFIG)
+def params(small_transformer):
+    return small_transformer
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,8 @@ import numpy as np
 import pytest
 
 import jaxloops
+from conftest import normal
 from jaxloops import measure
-
-
-def normal(shape, seed=0):
-    """Standard-normal test data from NumPy (no sampler to compile per shape)."""
-    return np.random.default_rng(seed).standard_normal(shape, np.float32)
 
 
 def test_llama2_7b_cache_is_two_gib_at_4096_tokens():

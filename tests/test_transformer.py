@@ -1,3 +1,4 @@
+import dataclasses
 import functools
 import math
 
@@ -7,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 
+from conftest import SMALL_TRANSFORMER
 from jaxloops.attention import attention
 from jaxloops.blockwise import blockwise_attention
 from jaxloops.data import Batch
@@ -24,16 +26,8 @@ from jaxloops.transformer import (
 )
 
 # Distinct sizes: V 13, L 2, D 30, N 10, K 5 (G = 2), H 3, F 21, max_len 11; batches B 7, T 9.
-SIZES = dict(
-    vocab_size=13,
-    num_layers=2,
-    model_dim=30,
-    num_heads=10,
-    num_kv_heads=5,
-    hidden_dim=21,
-    max_len=11,
-)
-GQA = TransformerConfig(**SIZES)
+GQA = SMALL_TRANSFORMER  # V 13, L 2, D 30, N 10, K 5 (G = 2), H 3, F 21, max_len 11
+SIZES = dataclasses.asdict(GQA)
 
 
 # Jitted once here: run eagerly, every small op would compile on its own (seconds in all).
@@ -41,8 +35,8 @@ logits_fn = jax.jit(transformer_logits)
 
 
 @pytest.fixture(scope="module")
-def params():
-    return init_transformer(jax.random.key(1), GQA)
+def params(small_transformer):
+    return small_transformer
 
 
 @pytest.fixture(scope="module")
