@@ -5,8 +5,11 @@ program is started once per host by its scheduler (Slurm, Kubernetes, a TPU pod'
 """
 
 import argparse
+import os
+import sys
 
 import jax
+from jax.experimental import multihost_utils
 
 
 def main(argv=None) -> None:
@@ -49,7 +52,12 @@ def main(argv=None) -> None:
         }
         flat["loss"] = history.train["loss"]
         np.savez(f"{args.out}/params.npz", **flat)
-    jax.distributed.shutdown()
+    # Every process has its results: meet once more, then leave without tearing down the
+    # coordinator's gRPC server (jax.distributed.shutdown() on CPU aborted the coordinator now
+    # and then when the other process's requests were still queued: seen in CI, JAX 0.10.2).
+    multihost_utils.sync_global_devices("results written")
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
