@@ -9,8 +9,9 @@ reads it as planes (a host, each device) of lines (threads, streams) of timed ev
   returns once the work is queued;
 - "wait": the Python thread blocked on a result (`np.asarray(jax.Array)`: `float(loss)`);
 - "device": compiled code executing. On a CPU backend these are the XLA CPU client's worker
-  threads (the "device" is other threads of the same processor); on a GPU, the device
-  plane's "XLA Modules" line.
+  threads (the "device" is other threads of the same processor), best effort: small kernels
+  run on the calling thread, and JAX 0.12's CPU client names no such threads; on a GPU, the
+  device plane's "XLA Modules" line.
 """
 
 import dataclasses
