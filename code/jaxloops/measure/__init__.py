@@ -23,7 +23,6 @@ from jaxloops.measure.sweeps import (
     numerics_table,
     random_cache,
     random_qkv,
-    read_bandwidth,
     reference_attention,
 )
 from jaxloops.measure.throughput import (
@@ -81,7 +80,6 @@ __all__ = (
     "random_batches",
     "random_cache",
     "random_qkv",
-    "read_bandwidth",
     "reference_attention",
     "Roofline",
     "roofline",

@@ -471,13 +471,6 @@ def decode_sweep(
     return rows
 
 
-def read_bandwidth(nbytes: int, *, repeats: int, dtype="float32") -> float:
-    """Measured bytes/second of reading one array of `nbytes` once (a sum over it)."""
-    array = jnp.ones((nbytes // jnp.dtype(dtype).itemsize,), dtype)
-    read = jax.jit(lambda x: jnp.sum(x, dtype=jnp.float32))
-    return array.nbytes / time_call(read, array, warmup=1, repeats=repeats)
-
-
 def markdown_table(rows, columns: dict) -> str:
     """Rows of a sweep as a Markdown table.
 
