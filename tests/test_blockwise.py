@@ -8,7 +8,7 @@ import pytest
 import jaxloops
 from conftest import normal
 from jaxloops import measure
-from jaxloops.blockwise import Tiling, visible_key_blocks
+from jaxloops.blockwise import Tiling, heads_per_step, visible_key_blocks
 
 
 def qkv(t, s, heads, kv_heads, head_dim=5, batch=3):
@@ -20,18 +20,20 @@ def qkv(t, s, heads, kv_heads, head_dim=5, batch=3):
 
 
 # Odd sizes; T > S and T < S; blocks that do not divide the lengths (and one bigger than
-# both); MHA, GQA and MQA; parallel query blocks that do not divide the number of blocks.
+# both); MHA, GQA and MQA; parallel query blocks that do not divide the number of blocks;
+# every tile walking alone, several heads a step, and all B * K heads a step.
 CASES = [
-    (13, 11, 3, 4, 2, True),
-    (9, 13, 6, 3, 4, False),
-    (11, 7, 1, 16, 4, True),
-    (7, 19, 2, 4, 3, True),
+    (13, 11, 3, 4, 2, True, 1),
+    (9, 13, 6, 3, 4, False, 30),
+    (11, 7, 1, 16, 4, True, 2048),
+    (7, 19, 2, 4, 3, True, 2048),
+    (7, 19, 2, 4, 3, True, 1),
 ]
 
 
-@pytest.mark.parametrize("t, s, kv_heads, block_size, parallel, is_causal", CASES)
+@pytest.mark.parametrize("t, s, kv_heads, block_size, parallel, is_causal, rows_per_step", CASES)
 def test_blockwise_forward_and_gradients_equal_naive(
-    t, s, kv_heads, block_size, parallel, is_causal
+    t, s, kv_heads, block_size, parallel, is_causal, rows_per_step
 ):
     query, key, value = qkv(t, s, 6, kv_heads)
     weights = normal((3, t, 6, 5), 4)  # a loss that weighs every output differently
@@ -40,6 +42,7 @@ def test_blockwise_forward_and_gradients_equal_naive(
         is_causal=is_causal,
         block_size=block_size,
         parallel_blocks=parallel,
+        rows_per_step=rows_per_step,
     )
     naive = functools.partial(jaxloops.attention, is_causal=is_causal)
 
@@ -95,6 +98,14 @@ def test_gradient_scratch_is_a_small_fraction_of_naive():
     assert blockwise * 8 <= naive, (blockwise, naive)
 
 
+def test_heads_walk_together_while_their_rows_fit():
+    assert heads_per_step(4, 2048) == 1  # one tile already has all the rows a step may have
+    assert heads_per_step(32, 128) == 16  # 16 x 128 = 2048
+    assert heads_per_step(6, 700) == 2  # divisors of 6: 3 x 700 > 2048
+    assert heads_per_step(5, 9999) == 1  # a tile larger than a step still walks
+    assert heads_per_step(6, 4, max_rows=24) == 6
+
+
 def test_causal_query_tiles_see_only_the_key_blocks_up_to_their_last_query():
     tiling = Tiling(T=20, S=20, q_block=8, k_block=3, is_causal=True)
     # Tiles of 8 queries: the first ends at query 7 (key block 2 holds keys 6-8), the
@@ -105,32 +116,34 @@ def test_causal_query_tiles_see_only_the_key_blocks_up_to_their_last_query():
 
 
 def test_online_softmax_over_two_blocks_equals_softmax():
-    scores = 4.0 * normal((1, 1, 1, 3, 10), 1)  # (B, K, G, T, S)
-    value = normal((1, 1, 10, 5), 2)  # (B, K, S, H)
+    scores = 4.0 * normal((3, 10), 1)  # (R, S)
+    value = normal((10, 5), 2)  # (S, H)
     carry = (
-        np.full((1, 1, 1, 3), -1e30, np.float32),
-        np.zeros((1, 1, 1, 3), np.float32),
-        np.zeros((1, 1, 1, 3, 5), np.float32),
+        np.full((3,), -1e30, np.float32),
+        np.zeros((3,), np.float32),
+        np.zeros((3, 5), np.float32),
     )
 
     @jax.jit
     def two_blocks(carry, scores, value):
-        carry = jaxloops.online_softmax_step(carry, scores[..., :4], value[:, :, :4])
-        return jaxloops.online_softmax_step(carry, scores[..., 4:], value[:, :, 4:])
+        carry = jaxloops.online_softmax_step(carry, scores[:, :4], value[:4])
+        return jaxloops.online_softmax_step(carry, scores[:, 4:], value[4:])
 
     _, total, out = map(np.asarray, two_blocks(carry, scores, value))
     weights = np.exp(scores - scores.max(-1, keepdims=True))
     weights /= weights.sum(-1, keepdims=True)
-    expected = np.einsum("BKGTS,BKSH->BKGTH", weights, value)  # (B, K, G, T, H)
+    expected = weights @ value  # (R, H)
     np.testing.assert_allclose(out / total[..., None], expected, atol=1e-6)
 
 
 def test_bad_block_size_and_shapes_raise():
     query, key, value = qkv(7, 7, 6, 3)
-    with pytest.raises(ValueError, match="block_size and parallel_blocks must be >= 1, got 0, 4"):
+    with pytest.raises(ValueError, match="rows_per_step must be >= 1, got 0, 4, 2048"):
         jaxloops.blockwise_attention(query, key, value, block_size=0)
-    with pytest.raises(ValueError, match="got 8, 0"):
+    with pytest.raises(ValueError, match="got 8, 0, 2048"):
         jaxloops.blockwise_attention(query, key, value, block_size=8, parallel_blocks=0)
+    with pytest.raises(ValueError, match="got 8, 4, 0"):
+        jaxloops.blockwise_attention(query, key, value, block_size=8, rows_per_step=0)
     with pytest.raises(ValueError, match="6 heads, key/value has 4"):
         jaxloops.blockwise_attention(query, *qkv(7, 7, 6, 4)[1:])
 

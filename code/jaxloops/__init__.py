@@ -7,8 +7,9 @@ Notation, used in every einsum, shape comment and suffix:
   C classes, L layers.
 
 Local letters: P prompt length, M micro-batches, Tb / Sb query / key block lengths, Tq a
-query tile's rows (query blocks stacked), Tc a chunk's length, nT / nS numbers of query
-tiles / key blocks. L is never a length.
+query tile's queries per head (query blocks stacked), R = G * Tq a tile's rows (the G query
+heads of one key/value head stacked), Tc a chunk's length, nT / nS numbers of query tiles /
+key blocks. L is never a length.
 
 Where things live:
 

@@ -1,13 +1,16 @@
 """Blockwise attention with an online softmax and a recomputing backward pass, in pure JAX.
 
 The (T, S) score matrix is never built, forward or backward. Queries are cut into blocks of
-Tb and keys into blocks of Sb. As in FlashAttention-2, the work is split over query blocks:
-each one walks the key blocks with the running max, sum and output of an online softmax,
-independently of the others, so `parallel_blocks` of them walk together, stacked into one
-tile of Tq = parallel_blocks * Tb rows: what `jax.vmap` over the blocks computes, without the copies
-of every score tile that its batch axis costs. The backward pass (`jax.custom_vjp`) keeps
-only Q, K, V, the output and one log-sum-exp per query row, and recomputes each tile's
-scores from them.
+Tb and keys into blocks of Sb. As in FlashAttention-2, the work is split into independent
+tiles, one per (batch element, key/value head, query tile): each walks the key blocks of its
+head with the running max, sum and output of an online softmax. A tile stacks
+`parallel_blocks` query blocks (Tq = parallel_blocks * Tb queries) of each of the G query
+heads that share the key/value head: R = G * Tq rows, so each key and value block is read
+once for all of them and each product is a plain (R x H) by (H x Sb) matrix product. Small
+tiles walk together, several heads per step (`heads_per_step`), so that a step's products
+are large enough to be worth splitting over the cores. The backward pass
+(`jax.custom_vjp`) keeps only Q, K, V, the output and one log-sum-exp per query row, and
+recomputes each tile's scores from them.
 """
 
 import functools
@@ -26,175 +29,214 @@ class Tiling(NamedTuple):
 
     T: int  # queries before padding
     S: int  # keys before padding
-    q_block: int  # Tq = parallel_blocks * Tb: rows of one query tile
+    q_block: int  # Tq = parallel_blocks * Tb: queries of one head in a tile
     k_block: int  # Sb
     is_causal: bool
+
+
+# A step of the walk handles tiles of several heads at once when one tile has fewer rows than
+# this: enough rows for a product worth splitting over the cores, and a score tile of
+# 4 MiB at Sb = 512 (float32), which stays in a CPU's last-level cache.
+ROWS_PER_STEP = 2048
+
+
+def heads_per_step(n_heads: int, rows: int, max_rows: int = ROWS_PER_STEP) -> int:
+    """How many tiles of one query chunk (one per head, of n_heads = B * K) walk together.
+
+    The largest divisor of n_heads that keeps (divisor * rows) <= max_rows; 1 if even one
+    tile is larger.
+    """
+    fits = [p for p in range(1, n_heads + 1) if n_heads % p == 0 and p * rows <= max_rows]
+    return max(fits, default=1)
 
 
 def online_softmax_step(carry, scores, value_block):
     """Folds one key block into the running (max, sum, output) of an online softmax.
 
     Args:
-      carry: running max (B, K, G, T), sum (B, K, G, T), output (B, K, G, T, H), float32.
-      scores: this block's scaled, masked logits (B, K, G, T, S), float32.
-      value_block: this block's values (B, K, S, H).
+      carry: running max (..., R), sum (..., R) and output (..., R, H) of R query rows,
+        float32; `...` is any leading axes (the tiles walking together).
+      scores: this block's scaled, masked logits (..., R, Sb), float32.
+      value_block: this block's values (..., Sb, H).
 
     Returns:
       The updated carry.
     """
     running_max, running_sum, out = carry
-    new_max = jnp.maximum(running_max, scores.max(axis=-1))  # (B, K, G, T)
+    new_max = jnp.maximum(running_max, scores.max(axis=-1))  # (..., R)
     # Everything summed so far was relative to the old max: rescale it to the new one.
-    correction = jnp.exp(running_max - new_max)  # (B, K, G, T)
-    weights = jnp.exp(scores - new_max[..., None])  # (B, K, G, T, S)
-    new_sum = running_sum * correction + weights.sum(axis=-1)  # (B, K, G, T)
+    correction = jnp.exp(running_max - new_max)  # (..., R)
+    weights = jnp.exp(scores - new_max[..., None])  # (..., R, Sb)
+    new_sum = running_sum * correction + weights.sum(axis=-1)  # (..., R)
     mixed = jnp.einsum(
-        "BKGTS,BKSH->BKGTH",
+        "...RS,...SH->...RH",
         weights.astype(value_block.dtype),
         value_block,
         preferred_element_type=out.dtype,
-    )  # (B, K, G, T, H)
+    )  # (..., R, H)
     return new_max, new_sum, out * correction[..., None] + mixed
 
 
-def tile_scores(query_block, key_block, q_start, k_start, tiling: Tiling):
-    """Masked float32 logits of one (query tile, key block) tile.
+def tile_scores(query_tile, key_block, q_start, k_start, tiling: Tiling):
+    """Masked float32 logits of query tiles against one key block.
 
     Args:
-      query_block: (B, K, G, Tq, H), already multiplied by 1/sqrt(H) (once per query tile,
-        instead of once per score); key_block: (B, K, Sb, H).
-      q_start, k_start: positions of the blocks' first query and first key.
+      query_tile: (..., R, H), R = G * Tq rows (query head g's query t in row g * Tq + t),
+        already multiplied by 1/sqrt(H) (once per tile, instead of once per score).
+      key_block: (..., Sb, H).
+      q_start, k_start: positions of the tiles' first query and the block's first key.
 
     Returns:
-      (B, K, G, Tq, Sb); padded keys and, if causal, keys after the query get the fill value.
+      (..., R, Sb); padded keys and, if causal, keys after the query get the fill value.
     """
+    rows = query_tile.shape[-2]  # R = G * Tq
     scores = jnp.einsum(
-        "BKGTH,BKSH->BKGTS", query_block, key_block, preferred_element_type=jnp.float32
-    )  # (B, K, G, Tq, Sb)
+        "...RH,...SH->...RS", query_tile, key_block, preferred_element_type=jnp.float32
+    )  # (..., R, Sb)
     k_pos = k_start + jnp.arange(tiling.k_block)  # (Sb,)
     visible = None
     if tiling.S % tiling.k_block:  # keys padded up to a whole block never count
-        visible = jnp.broadcast_to(k_pos < tiling.S, (tiling.q_block, tiling.k_block))
+        visible = jnp.broadcast_to(k_pos < tiling.S, (rows, tiling.k_block))
     if tiling.is_causal:
-        q_pos = q_start + jnp.arange(tiling.q_block)  # (Tq,)
-        causal = q_pos[:, None] >= k_pos[None, :]  # (Tq, Sb)
+        q_pos = q_start + jnp.arange(rows) % tiling.q_block  # (R,): each head's rows restart
+        causal = q_pos[:, None] >= k_pos[None, :]  # (R, Sb)
         visible = causal if visible is None else visible & causal
     if visible is None:
         return scores
     return jnp.where(visible, scores, masked_fill_value(jnp.float32))
 
 
-def visible_key_blocks(tile, tiling: Tiling, n_key_blocks: int):
-    """How many key blocks, from the first, query tile number `tile` must see.
+def visible_key_blocks(chunk, tiling: Tiling, n_key_blocks: int):
+    """How many key blocks, from the first, the query tile at position `chunk` must see.
 
     Causal: the tile's last query sees keys up to its own position, and no block after.
     """
     if not tiling.is_causal:
         return n_key_blocks
-    last_query = (tile + 1) * tiling.q_block - 1
+    last_query = (chunk + 1) * tiling.q_block - 1
     return jnp.minimum(last_query // tiling.k_block + 1, n_key_blocks)
 
 
 def _forward(query, key, value, tiling: Tiling):
-    """Output and per-row log-sum-exp, query tiles one after another.
+    """Output and per-row log-sum-exp, one step (of per_step tiles) after another.
 
     Args:
-      query: (nT, B, K, G, Tq, H): tiles of Tq = parallel_blocks * Tb query rows.
-      key, value: (nS, B, K, Sb, H).
+      query: (steps, per_step, R, H), steps = nT * B * K / per_step: step i holds query
+        chunk c = i // (B * K / per_step), queries c * Tq to c * Tq + Tq - 1, of per_step
+        consecutive key/value heads, the first (i % (B * K / per_step)) * per_step.
+      key, value: (nS, B * K, Sb, H).
 
     Returns:
-      out (nT, B, K, G, Tq, H) float32, lse (nT, B, K, G, Tq) float32.
+      out (steps, per_step, R, H) float32, lse (steps, per_step, R) float32.
     """
-    _, B, K, G, Tq, H = query.shape
-    n_key_blocks, Sb = key.shape[0], key.shape[3]
+    n_steps, per_step, R, H = query.shape
+    n_key_blocks, n_heads, Sb = key.shape[:3]
+    groups, Tq = n_heads // per_step, tiling.q_block  # steps per query chunk
     fill = masked_fill_value(jnp.float32)
 
-    def one_query_tile(args):
-        query_tile, chunk = args  # (B, K, G, Tq, H), ()
-        query_tile = query_tile * jnp.asarray(1.0 / math.sqrt(H), query_tile.dtype)
+    def one_step(args):
+        query_tiles, i = args  # (per_step, R, H), ()
+        chunk, first_head = i // groups, (i % groups) * per_step
+        query_tiles = query_tiles * jnp.asarray(1.0 / math.sqrt(H), query_tiles.dtype)
 
         def fold_key_block(j, carry):
-            scores = tile_scores(query_tile, key[j], chunk * Tq, j * Sb, tiling)  # (B,K,G,Tq,Sb)
-            return online_softmax_step(carry, scores, value[j])
+            keys = lax.dynamic_slice_in_dim(key[j], first_head, per_step)  # (per_step, Sb, H)
+            values = lax.dynamic_slice_in_dim(value[j], first_head, per_step)  # (per_step, Sb, H)
+            scores = tile_scores(query_tiles, keys, chunk * Tq, j * Sb, tiling)  # (per_step, R, Sb)
+            return online_softmax_step(carry, scores, values)
 
         init = (
-            jnp.full((B, K, G, Tq), fill, jnp.float32),
-            jnp.zeros((B, K, G, Tq), jnp.float32),
-            jnp.zeros((B, K, G, Tq, H), jnp.float32),
+            jnp.full((per_step, R), fill, jnp.float32),
+            jnp.zeros((per_step, R), jnp.float32),
+            jnp.zeros((per_step, R, H), jnp.float32),
         )
         n_visible = visible_key_blocks(chunk, tiling, n_key_blocks)
         running_max, running_sum, out = lax.fori_loop(0, n_visible, fold_key_block, init)
         # The log-sum-exp of each row is all the backward pass needs to rebuild the weights.
         return out / running_sum[..., None], running_max + jnp.log(running_sum)
 
-    return lax.map(one_query_tile, (query, jnp.arange(query.shape[0])))
+    return lax.map(one_step, (query, jnp.arange(n_steps)))
 
 
 def tile_grads(query_tile, key_block, value_block, d_out, lse, delta, q_start, k_start, tiling):
-    """Gradient contributions of one tile, from its scores recomputed.
+    """Gradient contributions of query tiles against one key block, scores recomputed.
 
     Args:
-      query_tile: (B, K, G, Tq, H), multiplied by 1/sqrt(H) as in the forward pass.
-      d_out: (B, K, G, Tq, H); key_block, value_block: (B, K, Sb, H).
-      lse, delta: (B, K, G, Tq): log-sum-exp of each row, and sum(d_out * out) of each row.
+      query_tile: (..., R, H), multiplied by 1/sqrt(H) as in the forward pass.
+      d_out: (..., R, H); key_block, value_block: (..., Sb, H).
+      lse, delta: (..., R): log-sum-exp of each row, and sum(d_out * out) of each row.
 
     Returns:
-      d_query (B, K, G, Tq, H), d_key and d_value (B, K, Sb, H), float32.
+      d_query (..., R, H), d_key and d_value (..., Sb, H), float32; the key and value
+      gradients are summed over the R rows, so over the G query heads that share them.
     """
     H = query_tile.shape[-1]
     scores = tile_scores(query_tile, key_block, q_start, k_start, tiling)
-    weights = jnp.exp(scores - lse[..., None])  # (B, K, G, Tq, Sb): the forward's softmax
-    d_value = jnp.einsum("BKGTS,BKGTH->BKSH", weights, d_out)  # (B, K, Sb, H)
-    d_weights = jnp.einsum("BKGTH,BKSH->BKGTS", d_out, value_block)  # (B, K, G, Tq, Sb)
+    weights = jnp.exp(scores - lse[..., None])  # (..., R, Sb): the forward's softmax
+    d_value = jnp.einsum("...RS,...RH->...SH", weights, d_out)  # (..., Sb, H)
+    d_weights = jnp.einsum("...RH,...SH->...RS", d_out, value_block)  # (..., R, Sb)
     # Softmax backward: dS = P * (dP - sum_s P dP), and sum_s P dP = sum_h dO * O per row.
-    d_scores = weights * (d_weights - delta[..., None])  # (B, K, G, Tq, Sb)
+    d_scores = weights * (d_weights - delta[..., None])  # (..., R, Sb)
     # scores = (scale * Q) K^T: dQ gets the scale, dK sees the scaled query.
-    d_query = jnp.einsum("BKGTS,BKSH->BKGTH", d_scores, key_block) * (1.0 / math.sqrt(H))
-    d_key = jnp.einsum("BKGTS,BKGTH->BKSH", d_scores, query_tile)  # (B, K, Sb, H)
+    d_query = jnp.einsum("...RS,...SH->...RH", d_scores, key_block) * (1.0 / math.sqrt(H))
+    d_key = jnp.einsum("...RS,...RH->...SH", d_scores, query_tile)  # (..., Sb, H)
     return d_query, d_key, d_value
+
+
+def _add_into(total, j, first_head, part):
+    """total[j, first_head : first_head + per_step] += part.
+
+    total: (nS, B * K, Sb, H); part: (per_step, Sb, H).
+    """
+    start = (j, first_head, 0, 0)
+    block = lax.dynamic_slice(total, start, (1, *part.shape))  # (1, per_step, Sb, H)
+    return lax.dynamic_update_slice(total, block + part[None], start)
 
 
 def _backward(tiling: Tiling, residuals, d_out):
     """Gradients w.r.t. the tiled query, key and value: the same walk, scores recomputed.
 
-    Query tiles go one after another, each over its visible key blocks, adding into dQ of
-    the tile and into dK, dV of the key block; nothing of size T x S is kept.
+    Steps go one after another, each over its visible key blocks, adding into dQ of its
+    tiles and into dK, dV of the key block; nothing of size T x S is kept.
     """
     query, key, value, out, lse = residuals
-    Tq = query.shape[-2]
-    n_key_blocks, Sb = key.shape[0], key.shape[3]
+    n_steps, per_step = query.shape[:2]
+    n_key_blocks, n_heads, Sb = key.shape[:3]
+    groups, Tq = n_heads // per_step, tiling.q_block
     scale = 1.0 / math.sqrt(query.shape[-1])
     scaled = (query * jnp.asarray(scale, query.dtype)).astype(jnp.float32)  # as forward saw it
     key32, value32 = key.astype(jnp.float32), value.astype(jnp.float32)
     d_out = d_out.astype(jnp.float32)
-    delta = (d_out * out).sum(axis=-1)  # (nT, B, K, G, Tq)
+    delta = (d_out * out).sum(axis=-1)  # (n_steps, per_step, R)
 
-    def one_query_tile(carry, args):
-        query_tile, d_out_tile, lse_tile, delta_tile, chunk = args
+    def one_step(carry, args):
+        query_tiles, d_out_tiles, lse_tiles, delta_tiles, i = args
+        chunk, first_head = i // groups, (i % groups) * per_step
 
         def fold_key_block(j, inner):
             d_query, d_key, d_value = inner
             dq, dk, dv = tile_grads(
-                query_tile,
-                key32[j],
-                value32[j],
-                d_out_tile,
-                lse_tile,
-                delta_tile,
+                query_tiles,
+                lax.dynamic_slice_in_dim(key32[j], first_head, per_step),
+                lax.dynamic_slice_in_dim(value32[j], first_head, per_step),
+                d_out_tiles,
+                lse_tiles,
+                delta_tiles,
                 chunk * Tq,
                 j * Sb,
                 tiling,
-            )  # (B, K, G, Tq, H), (B, K, Sb, H), (B, K, Sb, H)
-            return d_query + dq, d_key.at[j].add(dk), d_value.at[j].add(dv)
+            )  # (per_step, R, H), (per_step, Sb, H), (per_step, Sb, H)
+            d_key = _add_into(d_key, j, first_head, dk)
+            return d_query + dq, d_key, _add_into(d_value, j, first_head, dv)
 
         n_visible = visible_key_blocks(chunk, tiling, n_key_blocks)
-        init = (jnp.zeros_like(query_tile), *carry)
+        init = (jnp.zeros_like(query_tiles), *carry)
         d_query, d_key, d_value = lax.fori_loop(0, n_visible, fold_key_block, init)
         return (d_key, d_value), d_query
 
-    zeros = jnp.zeros_like(key32)  # (nS, B, K, Sb, H)
+    zeros = jnp.zeros_like(key32)  # (nS, B * K, Sb, H)
     (d_key, d_value), d_query = lax.scan(
-        one_query_tile, (zeros, zeros), (scaled, d_out, lse, delta, jnp.arange(query.shape[0]))
+        one_step, (zeros, zeros), (scaled, d_out, lse, delta, jnp.arange(n_steps))
     )
     return d_query.astype(query.dtype), d_key.astype(key.dtype), d_value.astype(value.dtype)
 
@@ -220,15 +262,18 @@ def _pad_to(x, axis: int, multiple: int):
     return jnp.pad(x, widths)
 
 
-@functools.partial(jax.jit, static_argnames=("is_causal", "block_size", "parallel_blocks"))
+@functools.partial(
+    jax.jit, static_argnames=("is_causal", "block_size", "parallel_blocks", "rows_per_step")
+)
 def blockwise_attention(
     query,
     key,
     value,
     *,
     is_causal: bool = False,
-    block_size: int = 256,
+    block_size: int = 512,
     parallel_blocks: int = 4,
+    rows_per_step: int = ROWS_PER_STEP,
 ):
     """Attention that never materialises (T, S), forward or backward: memory linear in T, S.
 
@@ -237,17 +282,21 @@ def blockwise_attention(
       key: (B, S, K, H) with N % K == 0.
       value: (B, S, K, H).
       is_causal: query t attends to keys s <= t (top-left); key blocks entirely after a
-        chunk's last query are skipped, not just masked.
+        tile's last query are skipped, not just masked.
       block_size: queries and keys per block (Tb = Sb); T and S need not be multiples of it.
-      parallel_blocks: query blocks that walk the key blocks together, as one tile.
+      parallel_blocks: query blocks of one head that walk the key blocks together, as one
+        tile.
+      rows_per_step: tiles of several heads walk together while their rows add up to at
+        most this (one tile a step if it alone is larger).
 
     Returns:
       (B, T, N, H), in the dtype of value. Differentiable: the backward pass recomputes
       the scores from the saved per-row log-sum-exp.
     """
-    if block_size < 1 or parallel_blocks < 1:
+    if block_size < 1 or parallel_blocks < 1 or rows_per_step < 1:
         raise ValueError(
-            f"block_size and parallel_blocks must be >= 1, got {block_size}, {parallel_blocks}"
+            f"block_size, parallel_blocks and rows_per_step must be >= 1, got {block_size}, "
+            f"{parallel_blocks}, {rows_per_step}"
         )
     query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
     B, T, S, N, K, H = check_attention_shapes(query, key, value)
@@ -256,15 +305,21 @@ def blockwise_attention(
     # No more parallel blocks than there are blocks; independent rows, stacked into one tile.
     Tq = min(parallel_blocks, -(-T // q_block)) * q_block
     tiling = Tiling(T, S, Tq, k_block, is_causal)
+    per_step = heads_per_step(B * K, G * Tq, rows_per_step)
 
     query = _pad_to(query, 1, Tq)  # (B, nT * Tq, N, H)
     query = query.reshape(B, -1, Tq, K, G, H)  # (B, nT, Tq, K, G, H)
     query = query.transpose(1, 0, 3, 4, 2, 5)  # (nT, B, K, G, Tq, H)
-    key = _pad_to(key, 1, k_block).reshape(B, -1, k_block, K, H)  # (B, nS, Sb, K, H)
-    value = _pad_to(value, 1, k_block).reshape(B, -1, k_block, K, H)  # (B, nS, Sb, K, H)
-    key = key.transpose(1, 0, 3, 2, 4)  # (nS, B, K, Sb, H)
-    value = value.transpose(1, 0, 3, 2, 4)  # (nS, B, K, Sb, H)
+    query = query.reshape(-1, per_step, G * Tq, H)  # (steps, per_step, R, H)
+    key, value = (
+        _pad_to(x, 1, k_block)  # (B, nS * Sb, K, H)
+        .reshape(B, -1, k_block, K, H)  # (B, nS, Sb, K, H)
+        .transpose(1, 0, 3, 2, 4)  # (nS, B, K, Sb, H)
+        .reshape(-1, B * K, k_block, H)  # (nS, B * K, Sb, H)
+        for x in (key, value)
+    )
 
-    out = _blockwise_core(query, key, value, tiling)  # (nT, B, K, G, Tq, H)
+    out = _blockwise_core(query, key, value, tiling)  # (steps, per_step, R, H)
+    out = out.reshape(-1, B, K, G, Tq, H)  # (nT, B, K, G, Tq, H)
     out = out.transpose(1, 0, 4, 2, 3, 5).reshape(B, -1, N, H)  # (B, nT * Tq, N, H)
     return out[:, :T].astype(value.dtype)  # (B, T, N, H)

@@ -14,7 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxloops.attention import attention, causal_mask, softmax
-from jaxloops.blockwise import Tiling, blockwise_attention, online_softmax_step, tile_scores
+from jaxloops.blockwise import (
+    Tiling,
+    blockwise_attention,
+    heads_per_step,
+    online_softmax_step,
+    tile_scores,
+)
 from jaxloops.kvcache import decode_attention
 from jaxloops.measure.kernels import attention_fn, run_attention
 from jaxloops.measure.timing import time_call
@@ -240,42 +246,40 @@ def blockwise_tile_parts(
     parallel_blocks: int,
     repeats: int,
 ) -> list[dict]:
-    """A profile of blockwise attention by parts: one tile's moves compiled and timed alone.
+    """A profile of blockwise attention by parts: one step's moves compiled and timed alone.
 
-    The tile is what one trip of the key loop handles at T = S: Tq = parallel_blocks * Tb query rows
-    against Sb = Tb keys, all heads (B = 1, K = N). Each part is timed per tile and
-    multiplied by the number of tiles, ceil(T / Tq) * ceil(T / Sb); the whole
-    `blockwise_attention` call at T = S is timed in the same rotation, last row.
+    A step is what one trip of the key loop handles at T = S (B = 1, K = N = heads): P tiles
+    of Tq = parallel_blocks * Tb query rows (P from `heads_per_step`) against Sb = Tb keys.
+    Each part is timed per step and multiplied by the number of steps,
+    ceil(T / Tq) * heads / P * ceil(T / Sb); the whole `blockwise_attention` call at T = S is
+    timed in the same rotation, last row.
 
     Returns:
       Rows (part, flops, bytes_accessed, transcendentals, seconds_per_call, seconds).
     """
     Tq, Sb = parallel_blocks * block_size, block_size
-    n_tiles = -(-T // Tq) * -(-T // Sb)
+    P = heads_per_step(heads, Tq)
+    n_steps = -(-T // Tq) * (heads // P) * -(-T // Sb)
     rng = np.random.default_rng(np.asarray(jax.random.key_data(key)))
     draw = lambda *shape: jnp.asarray(rng.standard_normal(shape, np.float32))
-    query, key_, value = (
-        draw(1, heads, 1, Tq, head_dim),
-        draw(1, heads, Sb, head_dim),
-        draw(1, heads, Sb, head_dim),
-    )  # (B, K, G, Tq, H), (B, K, Sb, H), (B, K, Sb, H)
+    query, key_, value = draw(P, Tq, head_dim), draw(P, Sb, head_dim), draw(P, Sb, head_dim)
     tiling = Tiling(T, T, Tq, Sb, False)
-    scores = jax.jit(lambda q, k: tile_scores(q, k, 0, 0, tiling))(query, key_)  # (B,K,G,Tq,Sb)
+    scores = jax.jit(lambda q, k: tile_scores(q, k, 0, 0, tiling))(query, key_)  # (P, Tq, Sb)
     carry = (
-        jnp.full((1, heads, 1, Tq), -1e30, jnp.float32),
-        jnp.zeros((1, heads, 1, Tq), jnp.float32),
-        jnp.zeros((1, heads, 1, Tq, head_dim), jnp.float32),
+        jnp.full((P, Tq), -1e30, jnp.float32),
+        jnp.zeros((P, Tq), jnp.float32),
+        jnp.zeros((P, Tq, head_dim), jnp.float32),
     )
     whole = functools.partial(
         blockwise_attention, block_size=block_size, parallel_blocks=parallel_blocks
     )
     parts = {  # part: (function, arguments, calls per attention call)
-        "scores: Q Kᵀ": (lambda q, k: tile_scores(q, k, 0, 0, tiling), (query, key_), n_tiles),
-        "online softmax step (all of it)": (online_softmax_step, (carry, scores, value), n_tiles),
+        "scores: Q Kᵀ": (lambda q, k: tile_scores(q, k, 0, 0, tiling), (query, key_), n_steps),
+        "online softmax step (all of it)": (online_softmax_step, (carry, scores, value), n_steps),
         "  of which P V": (
-            lambda p, v: jnp.einsum("BKGTS,BKSH->BKGTH", p, v),
+            lambda p, v: jnp.einsum("...RS,...SH->...RH", p, v),
             (scores, value),
-            n_tiles,
+            n_steps,
         ),
         "whole (blockwise)": (
             whole,
