@@ -4,10 +4,11 @@
       [--stop-at 3] [--out f.npz]
       for each run: resumes from the newest good checkpoint in DIR (if any), trains to
       --stop-at (default --epochs) saving after every epoch; writes the final leaves of run i
-      to --out as "i/params.dense_0.w", ...
+      to --out as "i.params.dense_0.w", ...
   python -m jaxloops.checkpoint_worker mesh-save DIR --devices 8
-  python -m jaxloops.checkpoint_worker mesh-restore DIR --devices 4 --out f.npz
-      save the MLP's initial state sharded over 8 CPU devices; restore it onto 4.
+  python -m jaxloops.checkpoint_worker mesh-restore DIR --devices 4 [--wait 60] --out f.npz
+      save the MLP's initial state sharded over 8 CPU devices; restore it onto 4 (--wait:
+      started alongside mesh-save, wait up to that many seconds for its checkpoint).
 
 Each saved epoch prints "saved epoch E", flushed, so a parent can kill the process mid-run.
 """
@@ -15,6 +16,7 @@ Each saved epoch prints "saved epoch E", flushed, so a parent can kill the proce
 import argparse
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -39,12 +41,16 @@ class Experiment(NamedTuple):
 def experiment(model: str) -> Experiment:
     """The MLP on digits, or a small transformer on standard-library text; same every time.
 
-    Build it once and call `init()` for each run: fit compiles once per train step.
+    Build it once and call `init()` for each run: fit compiles once per train step. The
+    key and the state are committed to the default device, as arrays restored from a
+    checkpoint are: jit compiles one program for both, so a resumed process finds the
+    uninterrupted run's program in the persistent compilation cache.
     """
     import jaxloops
     from jaxloops.text import VOCAB_SIZE
 
     sizes = jaxloops.experiment_sizes()
+    device = jax.devices()[0]
     init_key, fit_key = jax.random.split(jax.random.key(0))
     if model == "mlp":
         data = jaxloops.to_device(jaxloops.load_digits_split(seed=0).train, 64, 10)
@@ -68,10 +74,10 @@ def experiment(model: str) -> Experiment:
 
     def init():
         params = init_params()
-        return params, optimizer.init(params)
+        return jax.device_put((params, optimizer.init(params)), device)
 
     train_step = jaxloops.make_train_step(loss, optimizer)
-    return Experiment(fit_key, init, train_step, data, batch_size)
+    return Experiment(jax.device_put(fit_key, device), init, train_step, data, batch_size)
 
 
 def flat_arrays(tree) -> dict[str, np.ndarray]:
@@ -90,16 +96,16 @@ def flat_arrays(tree) -> dict[str, np.ndarray]:
     }
 
 
-def train(model: str, directory: str, stop_at: int, keep_last: int, slow: float):
+def train(model: str, run: Experiment, directory: str, stop_at: int, keep_last: int, slow: float):
     """Resumes from `directory` if it holds a good checkpoint, trains to `stop_at`, saving."""
     import jaxloops
     from jaxloops import checkpoint
 
-    run = experiment(model)
     manager = checkpoint.checkpoint_manager(directory, keep_last=keep_last)
-    (params, opt_state), key, start = run.init(), run.key, 0
-    restored = checkpoint.restore_latest(manager, key, params, opt_state)
-    if restored is not None:
+    restored = checkpoint.restore_latest(manager, run.key, *jax.eval_shape(run.init))
+    if restored is None:
+        start, key, (params, opt_state) = 0, run.key, run.init()
+    else:
         start, key, params, opt_state = restored
     print(f"{model}: starting at epoch {start}", flush=True)
     save = checkpoint.checkpoint_hook(manager, key)
@@ -170,15 +176,24 @@ def mesh_state(devices: int, abstract: bool):
         return params, optimizer.init(params)
 
     mesh = jax.make_mesh((devices,), ("devices",))
-    state = jax.eval_shape(init) if abstract else init()
-
-    def shard(leaf):
-        if abstract:
-            return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=mesh_sharding(mesh, leaf))
-        return jax.device_put(leaf, mesh_sharding(mesh, leaf))
-
-    params, opt_state = jax.tree.map(shard, state)
+    shapes = jax.eval_shape(init)
+    shardings = jax.tree.map(lambda leaf: mesh_sharding(mesh, leaf), shapes)
+    if abstract:
+        as_abstract = lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s)
+        params, opt_state = jax.tree.map(as_abstract, shapes, shardings)
+    else:  # one compiled program makes every shard in place, not one per operation
+        params, opt_state = jax.jit(init, out_shardings=shardings)()
     return fit_key, params, opt_state
+
+
+def wait_for_checkpoint(directory, seconds: float) -> None:
+    """Waits until `directory` holds a complete checkpoint (a step directory, named by its
+    number: orbax writes into a temporary directory and renames it only when complete)."""
+    directory, deadline = pathlib.Path(directory), time.monotonic() + seconds
+    while not (directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no complete checkpoint in {directory} after {seconds} s")
+        time.sleep(0.05)
 
 
 def main(argv=None) -> int:
@@ -191,6 +206,7 @@ def main(argv=None) -> int:
     parser.add_argument("--slow", type=float, default=0.0, help="seconds to sleep per epoch")
     parser.add_argument("--devices", type=int, default=None, help="simulated CPU devices")
     parser.add_argument("--out", default=None, help=".npz file for the final leaves")
+    parser.add_argument("--wait", type=float, default=0.0, help="mesh-restore: seconds to wait")
     args = parser.parse_args(argv)
     if args.devices is not None:
         jax.config.update("jax_num_cpu_devices", args.devices)  # before the backend starts
@@ -198,14 +214,18 @@ def main(argv=None) -> int:
 
     if args.command == "train":
         stop_at = args.epochs if args.stop_at is None else args.stop_at
-        state = {}
+        state, runs = {}, {}
         for i, run in enumerate(args.runs):
             model, _, directory = run.partition(":")
-            state[str(i)] = train(model, directory, stop_at, args.keep_last, args.slow)
+            if model not in runs:  # built once per model: one compiled train step each
+                runs[model] = experiment(model)
+            state[str(i)] = train(model, runs[model], directory, stop_at, args.keep_last, args.slow)
     else:
         (directory,) = args.runs
         abstract = args.command == "mesh-restore"  # restored values can only come from disk
         key, params, opt_state = mesh_state(jax.device_count(), abstract)
+        if abstract:
+            wait_for_checkpoint(directory, args.wait)
         manager = checkpoint.checkpoint_manager(directory, keep_last=1)
         if args.command == "mesh-save":
             checkpoint.checkpoint_hook(manager, key)(0, params, opt_state)
