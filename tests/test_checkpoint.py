@@ -1,4 +1,6 @@
+import concurrent.futures
 import json
+import os
 import subprocess
 
 import jax
@@ -135,71 +137,119 @@ def test_state_bytes_counts_adam_as_three_times_the_params():
 
 
 @pytest.fixture(scope="module")
-def resumed_runs(tmp_path_factory):
-    """Stops the MLP and the transformer after STOP epochs, kills an MLP run, then resumes all
-    three in one new process; returns what it ended with and the uninterrupted runs."""
-    root = tmp_path_factory.mktemp("resume")
-    runs = {m: checkpoint_worker.experiment(m) for m in ("mlp", "transformer")}
-    for model, run in runs.items():
-        manager = checkpoint.checkpoint_manager(root / model, keep_last=2)
+def worker_cache(tmp_path_factory):
+    """The worker processes share a persistent compilation cache (unless one is configured):
+    a resuming process loads the programs that the process before it compiled."""
+    with pytest.MonkeyPatch.context() as patch:
+        if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+            patch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path_factory.mktemp("jax-cache")))
+            patch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        yield
+
+
+def train_in_new_process(*args) -> subprocess.CompletedProcess:
+    """Runs `checkpoint_worker train *args` in a new Python process, which must succeed."""
+    finished = subprocess.run(
+        checkpoint_worker.worker_command("train", *args), capture_output=True, text=True
+    )
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    return finished
+
+
+@pytest.fixture(scope="module")
+def mlp_runs(worker_cache, tmp_path_factory):
+    """An MLP run stopped after STOP epochs here and one killed with SIGKILL after saving
+    epoch KILL in another process, both resumed in one new process; and the uninterrupted run."""
+    root = tmp_path_factory.mktemp("mlp")
+    run = checkpoint_worker.experiment("mlp")
+    command = checkpoint_worker.worker_command(
+        "train", f"mlp:{root / 'killed'}", "--epochs", EPOCHS, "--slow", 0.5
+    )
+    with concurrent.futures.ThreadPoolExecutor() as pool:  # the killed run trains meanwhile
+        killing = pool.submit(checkpoint_worker.kill_after, command, f"mlp: saved epoch {KILL}")
+        manager = checkpoint.checkpoint_manager(root / "stopped", keep_last=2)
         jaxloops.fit(
             run.key, *run.init(), run.train_step, run.data, batch_size=run.batch_size,
             epochs=STOP, epochs_per_call=1, hook=checkpoint.checkpoint_hook(manager, run.key),
         )  # fmt: skip
         manager.wait_until_finished()
-    command = checkpoint_worker.worker_command(
-        "train", f"mlp:{root / 'killed'}", "--epochs", EPOCHS, "--slow", 1
-    )
-    status, printed = checkpoint_worker.kill_after(command, f"mlp: saved epoch {KILL}")
-    resume = checkpoint_worker.worker_command(
-        "train", f"mlp:{root / 'mlp'}", f"transformer:{root / 'transformer'}",
-        f"mlp:{root / 'killed'}", "--epochs", EPOCHS, "--out", root / "final.npz",
-    )  # fmt: skip
-    finished = subprocess.run(resume, capture_output=True, text=True)
-    assert finished.returncode == 0, finished.stderr[-2000:]
-    uninterrupted = {}
-    for model, run in runs.items():
         params, opt_state, _ = jaxloops.fit(
             run.key, *run.init(), run.train_step, run.data, batch_size=run.batch_size,
             epochs=EPOCHS, epochs_per_call=1,
         )  # fmt: skip
-        state = {"params": params, "opt_state": opt_state}
-        uninterrupted[model] = checkpoint_worker.flat_arrays(state)
+        status, printed = killing.result()
+    finished = train_in_new_process(
+        f"mlp:{root / 'stopped'}", f"mlp:{root / 'killed'}", "--epochs", EPOCHS,
+        "--out", root / "final.npz",
+    )  # fmt: skip
     return dict(
         status=status, printed=printed, stdout=finished.stdout,
-        final=dict(np.load(root / "final.npz")), uninterrupted=uninterrupted,
+        final=dict(np.load(root / "final.npz")),
+        uninterrupted=checkpoint_worker.flat_arrays({"params": params, "opt_state": opt_state}),
     )  # fmt: skip
 
 
-@pytest.mark.parametrize(("index", "model"), [(0, "mlp"), (1, "transformer"), (2, "mlp")])
-def test_resumed_run_equals_the_uninterrupted_run_bit_for_bit(resumed_runs, index, model):
-    reference = resumed_runs["uninterrupted"][model]
-    final = resumed_runs["final"]
+@pytest.fixture(scope="module")
+def transformer_runs(worker_cache, tmp_path_factory):
+    """A transformer run stopped after STOP epochs in one process and resumed in a new one;
+    and the uninterrupted run, trained here meanwhile."""
+    root = tmp_path_factory.mktemp("transformer")
+    run_args = f"transformer:{root / 'stopped'}", "--epochs", EPOCHS
+    with concurrent.futures.ThreadPoolExecutor() as pool:
+        stopping = pool.submit(train_in_new_process, *run_args, "--stop-at", STOP)
+        run = checkpoint_worker.experiment("transformer")
+        params, opt_state, _ = jaxloops.fit(
+            run.key, *run.init(), run.train_step, run.data, batch_size=run.batch_size,
+            epochs=EPOCHS, epochs_per_call=1,
+        )  # fmt: skip
+        stopped = stopping.result()
+    finished = train_in_new_process(*run_args, "--out", root / "final.npz")
+    return dict(
+        stdout=stopped.stdout + finished.stdout, final=dict(np.load(root / "final.npz")),
+        uninterrupted=checkpoint_worker.flat_arrays({"params": params, "opt_state": opt_state}),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("runs", "index"), [("mlp_runs", 0), ("mlp_runs", 1), ("transformer_runs", 0)]
+)
+def test_resumed_run_equals_the_uninterrupted_run_bit_for_bit(request, runs, index):
+    """Run `index` of the resuming process (0: the stopped run, 1: the killed one)."""
+    runs = request.getfixturevalue(runs)
+    reference, final = runs["uninterrupted"], runs["final"]
     assert len(reference) > 5
+    names = sorted(name for name in final if name.startswith(f"{index}."))
+    assert names == sorted(f"{index}.{name}" for name in reference)
     for name, value in reference.items():
         np.testing.assert_array_equal(final[f"{index}.{name}"], value, err_msg=name)
 
 
-def test_the_killed_run_was_killed_and_resumed_from_its_checkpoint(resumed_runs):
-    assert resumed_runs["status"] == -9
-    assert resumed_runs["printed"][-1] == f"mlp: saved epoch {KILL}"
-    starts = [line for line in resumed_runs["stdout"].splitlines() if "starting at" in line]
-    assert starts[:2] == [
-        f"mlp: starting at epoch {STOP}",
-        f"transformer: starting at epoch {STOP}",
-    ]
+def test_the_stopped_transformer_started_fresh_and_resumed_where_it_stopped(transformer_runs):
+    starts = [line for line in transformer_runs["stdout"].splitlines() if "starting at" in line]
+    assert starts == ["transformer: starting at epoch 0", f"transformer: starting at epoch {STOP}"]
+
+
+def test_the_killed_run_was_killed_and_resumed_from_its_checkpoint(mlp_runs):
+    assert mlp_runs["status"] == -9
+    assert mlp_runs["printed"][-1] == f"mlp: saved epoch {KILL}"
+    starts = [line for line in mlp_runs["stdout"].splitlines() if "starting at" in line]
+    assert starts[0] == f"mlp: starting at epoch {STOP}"  # the stopped run, where it stopped
     # The save of epoch KILL may have been cut off; the one before it had finished.
-    assert starts[2] in {f"mlp: starting at epoch {KILL}", f"mlp: starting at epoch {KILL - 1}"}
+    assert starts[1] in {f"mlp: starting at epoch {KILL}", f"mlp: starting at epoch {KILL - 1}"}
 
 
 def test_checkpoint_from_8_devices_restores_onto_4(tmp_path):
-    run = lambda *args: subprocess.run(
-        checkpoint_worker.worker_command(*args), capture_output=True, text=True, check=True
+    """The restoring process starts with the saving one and waits for a complete step."""
+    start = lambda *args: subprocess.Popen(
+        checkpoint_worker.worker_command(*args), stdout=subprocess.PIPE, text=True
     )
-    saved = json.loads(run("mesh-save", tmp_path / "ckpt", "--devices", 8).stdout)
-    restored = json.loads(
-        run("mesh-restore", tmp_path / "ckpt", "--devices", 4, "--out", tmp_path / "4.npz").stdout
-    )
+    saving = start("mesh-save", tmp_path / "ckpt", "--devices", 8)
+    restoring = start(
+        "mesh-restore", tmp_path / "ckpt", "--devices", 4, "--wait", 120,
+        "--out", tmp_path / "4.npz",
+    )  # fmt: skip
+    saved, restored = (json.loads(process.communicate()[0]) for process in (saving, restoring))
+    assert saving.returncode == 0 and restoring.returncode == 0
     assert saved["devices"] == 8 and restored["devices"] == 4
     assert max(saved["shards"].values()) == 8 and max(restored["shards"].values()) == 4
     four = np.load(tmp_path / "4.npz")
