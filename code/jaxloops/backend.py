@@ -162,8 +162,8 @@ _CPU = Sizes(
         weight_decay=1e-2,
     ),
     checkpoint=CheckpointSizes(
-        epochs=6,
-        stop_epoch=3,
+        epochs=4,
+        stop_epoch=2,
         kill_epoch=2,
         keep_last=3,
         lm_text_bytes=2**16,
