@@ -248,27 +248,35 @@ def blockwise_tile_parts(
 ) -> list[dict]:
     """A profile of blockwise attention by parts: one step's moves compiled and timed alone.
 
-    A step is what one trip of the key loop handles at T = S (B = 1, K = N = heads): P tiles
-    of Tq = parallel_blocks * Tb query rows (P from `heads_per_step`) against Sb = Tb keys.
+    A step is what one trip of the key loop handles at T = S (B = 1, K = N = heads): per_step
+    tiles (from `heads_per_step`) of Tq = parallel_blocks * Tb query rows against Sb = Tb
+    keys.
     Each part is timed per step and multiplied by the number of steps,
-    ceil(T / Tq) * heads / P * ceil(T / Sb); the whole `blockwise_attention` call at T = S is
-    timed in the same rotation, last row.
+    ceil(T / Tq) * heads / per_step * ceil(T / Sb). In the same rotation: the whole
+    `blockwise_attention` call at T = S, and a square float32 matmul scaled to the same FLOPs
+    (the last two rows).
 
     Returns:
       Rows (part, flops, bytes_accessed, transcendentals, seconds_per_call, seconds).
     """
     Tq, Sb = parallel_blocks * block_size, block_size
-    P = heads_per_step(heads, Tq)
-    n_steps = -(-T // Tq) * (heads // P) * -(-T // Sb)
+    per_step = heads_per_step(heads, Tq)
+    n_steps = -(-T // Tq) * (heads // per_step) * -(-T // Sb)
     rng = np.random.default_rng(np.asarray(jax.random.key_data(key)))
     draw = lambda *shape: jnp.asarray(rng.standard_normal(shape, np.float32))
-    query, key_, value = draw(P, Tq, head_dim), draw(P, Sb, head_dim), draw(P, Sb, head_dim)
+    query, key_, value = (
+        draw(per_step, Tq, head_dim),
+        draw(per_step, Sb, head_dim),
+        draw(per_step, Sb, head_dim),
+    )
     tiling = Tiling(T, T, Tq, Sb, False)
-    scores = jax.jit(lambda q, k: tile_scores(q, k, 0, 0, tiling))(query, key_)  # (P, Tq, Sb)
+    scores = jax.jit(lambda q, k: tile_scores(q, k, 0, 0, tiling))(
+        query, key_
+    )  # (per_step, Tq, Sb)
     carry = (
-        jnp.full((P, Tq), -1e30, jnp.float32),
-        jnp.zeros((P, Tq), jnp.float32),
-        jnp.zeros((P, Tq, head_dim), jnp.float32),
+        jnp.full((per_step, Tq), -1e30, jnp.float32),
+        jnp.zeros((per_step, Tq), jnp.float32),
+        jnp.zeros((per_step, Tq, head_dim), jnp.float32),
     )
     whole = functools.partial(
         blockwise_attention, block_size=block_size, parallel_blocks=parallel_blocks
@@ -287,6 +295,16 @@ def blockwise_tile_parts(
             1,
         ),
     }
+    # The roofline's own kind of work, timed in the same rotation: one square matmul, scaled
+    # to attention's FLOPs (4 T^2 N H). Its ratio to the whole call does not move with the
+    # machine's speed of the moment, as a ratio to a ceiling measured earlier can.
+    n = round((2 * T * T * heads * head_dim) ** (1 / 3))
+    square = draw(n, n)
+    parts["square matmul, same FLOPs"] = (
+        jnp.matmul,
+        (square, square),
+        4 * T * T * heads * head_dim / (2 * n**3),
+    )
     rows, timed = [], []
     for part, (fn, args, calls) in parts.items():
         rows.append({"part": part, **compiled_costs(fn, *args), "calls": calls, "samples": []})
@@ -295,14 +313,15 @@ def blockwise_tile_parts(
     for _ in range(repeats):
         for row, fn, args in timed:
             row["samples"].append(
-                time_call(fn, *args, warmup=0, repeats=1 if row["calls"] == 1 else 3)
+                time_call(fn, *args, warmup=0, repeats=1 if row["calls"] <= 1.5 else 3)
             )
     for row in rows:
         row["seconds_per_call"] = statistics.median(row["samples"])
         row["seconds"] = row["seconds_per_call"] * row["calls"]
         for name in ("flops", "bytes_accessed", "transcendentals"):
             row[name] *= row["calls"]
-    rows[-1]["flops"] = rows[-1]["bytes_accessed"] = rows[-1]["transcendentals"] = None
+    whole_row = next(row for row in rows if row["part"] == "whole (blockwise)")
+    whole_row["flops"] = whole_row["bytes_accessed"] = whole_row["transcendentals"] = None
     return rows
 
 
