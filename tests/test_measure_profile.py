@@ -2,6 +2,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from jaxloops import measure
 from jaxloops.measure.profile import HOST_WORK, Span
@@ -41,3 +42,17 @@ def test_a_trace_shows_host_work_dispatches_and_waits():
     # (JAX 0.12's CPU client records none), and small kernels run on the calling thread.
     assert measure.busy_seconds(spans, HOST_WORK) >= 3 * 0.002
     assert all(s.end >= s.start >= 0 for s in spans)
+
+
+def test_device_op_seconds_sums_each_operation_per_call():
+    spans = [
+        Span("device", "dot.1", 0.0, 3.0),
+        Span("device", "dot.1", 4.0, 7.0),
+        Span("device", "exp", 3.0, 4.0),
+        Span("device", "while.5", 0.0, 7.0),  # a loop's span contains its body's: left out
+        Span("device", "jit_step", 0.0, 7.0),  # a whole program (a GPU's module): left out
+        Span("dispatch", "dot.1", 0.0, 9.0),  # not the device row
+    ]
+    assert measure.device_op_seconds(spans, calls=2) == {"dot.1": 3.0, "exp": 0.5}
+    with pytest.raises(ValueError, match="calls must be >= 1, got 0"):
+        measure.device_op_seconds(spans, calls=0)

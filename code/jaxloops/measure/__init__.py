@@ -9,7 +9,13 @@ from jaxloops.measure.kernels import (
     uses_cudnn_kernel,
 )
 from jaxloops.measure.machine import describe_backend, gpu_facts, machine_facts, run_label, versions
-from jaxloops.measure.profile import Span, busy_seconds, draw_timeline, trace_spans
+from jaxloops.measure.profile import (
+    Span,
+    busy_seconds,
+    device_op_seconds,
+    draw_timeline,
+    trace_spans,
+)
 from jaxloops.measure.roofline import Roofline, measure_roofline, roofline
 from jaxloops.measure.sweeps import (
     attention_sweep,
@@ -63,6 +69,7 @@ __all__ = (
     "count_compiles",
     "decode_sweep",
     "describe_backend",
+    "device_op_seconds",
     "draw_timeline",
     "fit_against_bare_epoch",
     "gpu_facts",

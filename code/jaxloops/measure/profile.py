@@ -9,9 +9,10 @@ reads it as planes (a host, each device) of lines (threads, streams) of timed ev
   returns once the work is queued;
 - "wait": the Python thread blocked on a result (`np.asarray(jax.Array)`: `float(loss)`);
 - "device": compiled code executing. On a CPU backend these are the XLA CPU client's worker
-  threads (the "device" is other threads of the same processor), best effort: small kernels
-  run on the calling thread, and JAX 0.12's CPU client names no such threads; on a GPU, the
-  device plane's "XLA Modules" line.
+  threads and its intra-op thread pool (the "device" is other threads of the same
+  processor), one event per operation, best effort: small kernels run on the calling
+  thread, and JAX 0.12's CPU client names no such threads; on a GPU, the device plane's
+  "XLA Modules" line, one event per program.
 """
 
 import dataclasses
@@ -45,7 +46,7 @@ def _row(plane_name: str, line_name: str, event_name: str) -> str | None:
         if event_name == "np.asarray(jax.Array)":
             return "wait"
         return None
-    if "XLAPjRtCpuClient" in line_name and not event_name.startswith(
+    if ("XLAPjRtCpuClient" in line_name or "XLAEigen" in line_name) and not event_name.startswith(
         ("ThreadpoolListener", "end: ", "ThunkExecutor", "SlinkyThreadPool")
     ):
         return "device"
@@ -99,6 +100,20 @@ def busy_seconds(spans: list[Span], row: str) -> float:
             total += span.end - max(span.start, end)
             end = span.end
     return total
+
+
+def device_op_seconds(spans: list[Span], *, calls: int = 1) -> dict[str, float]:
+    """Seconds per call in each compiled operation (a fusion, a custom call, a copy) that the
+    trace names on the "device" row; the spans of loops (`while...`), which contain their
+    bodies' operations, are left out. Empty where the backend's trace names no operations
+    (a GPU's "XLA Modules" line names whole programs; JAX 0.12's CPU client, none)."""
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls}")
+    seconds: dict[str, float] = {}
+    for span in spans:
+        if span.row == "device" and not span.name.startswith(("while", "jit_")):
+            seconds[span.name] = seconds.get(span.name, 0.0) + (span.end - span.start) / calls
+    return seconds
 
 
 def draw_timeline(ax, spans: list[Span], title: str) -> None:
