@@ -56,3 +56,14 @@ def test_device_op_seconds_sums_each_operation_per_call():
     assert measure.device_op_seconds(spans, calls=2) == {"dot.1": 3.0, "exp": 0.5}
     with pytest.raises(ValueError, match="calls must be >= 1, got 0"):
         measure.device_op_seconds(spans, calls=0)
+
+
+def test_overlap_seconds_counts_time_both_rows_were_busy():
+    spans = [
+        Span("device", "a", 0.0, 2.0),
+        Span("device", "b", 1.0, 3.0),  # merged with a: busy 0-3
+        Span("device", "c", 5.0, 6.0),
+        Span(HOST_WORK, "h", 2.5, 5.5),
+    ]
+    assert measure.overlap_seconds(spans, "device", HOST_WORK) == 1.0  # 2.5-3 and 5-5.5
+    assert measure.overlap_seconds(spans, "device", "wait") == 0.0

@@ -14,6 +14,7 @@ from jaxloops.measure.profile import (
     busy_seconds,
     device_op_seconds,
     draw_timeline,
+    overlap_seconds,
     trace_spans,
 )
 from jaxloops.measure.roofline import Roofline, measure_roofline, roofline
@@ -83,6 +84,7 @@ __all__ = (
     "naive_attention_parts",
     "numerics_table",
     "overlap_drivers",
+    "overlap_seconds",
     "predicted_step_seconds",
     "random_batches",
     "random_cache",

@@ -92,14 +92,30 @@ def trace_spans(run: Callable[[], Any], log_dir: str | pathlib.Path | None = Non
         return spans_of(jax.profiler.ProfileData.from_file(str(files[-1])))
 
 
+def _busy_intervals(spans: list[Span], row: str) -> list[tuple[float, float]]:
+    """The (start, end) intervals during which `row` was busy, overlapping spans merged."""
+    merged: list[list[float]] = []
+    for span in sorted((s for s in spans if s.row == row), key=lambda s: s.start):
+        if merged and span.start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], span.end)
+        else:
+            merged.append([span.start, span.end])
+    return [(start, end) for start, end in merged]
+
+
 def busy_seconds(spans: list[Span], row: str) -> float:
     """Seconds during which at least one span of `row` was open (overlaps counted once)."""
-    total, end = 0.0, float("-inf")
-    for span in sorted((s for s in spans if s.row == row), key=lambda s: s.start):
-        if span.end > end:
-            total += span.end - max(span.start, end)
-            end = span.end
-    return total
+    return sum(end - start for start, end in _busy_intervals(spans, row))
+
+
+def overlap_seconds(spans: list[Span], row: str, other: str) -> float:
+    """Seconds during which both `row` and `other` were busy."""
+    others = _busy_intervals(spans, other)
+    return sum(
+        max(0.0, min(end, other_end) - max(start, other_start))
+        for start, end in _busy_intervals(spans, row)
+        for other_start, other_end in others
+    )
 
 
 def device_op_seconds(spans: list[Span], *, calls: int = 1) -> dict[str, float]:

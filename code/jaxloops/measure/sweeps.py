@@ -313,7 +313,7 @@ def blockwise_tile_parts(
     for _ in range(repeats):
         for row, fn, args in timed:
             row["samples"].append(
-                time_call(fn, *args, warmup=0, repeats=1 if row["calls"] <= 1.5 else 3)
+                time_call(fn, *args, warmup=0, repeats=3 if row["calls"] == n_steps else 1)
             )
     for row in rows:
         row["seconds_per_call"] = statistics.median(row["samples"])
