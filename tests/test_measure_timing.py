@@ -1,3 +1,5 @@
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,6 +62,29 @@ def test_interleaved_seconds_runs_every_run_each_round_and_keeps_the_fastest():
     assert set(best) == {"a", "b"} and all(s > 0 for s in best.values())
     with pytest.raises(ValueError, match="rounds"):
         measure.interleaved_seconds({"a": make("a")}, rounds=0)
+
+
+def test_interleaved_samples_takes_turns_each_timed_call_after_an_untimed_one():
+    log = []
+
+    def make(name, seconds):
+        def run():
+            log.append(name)
+            time.sleep(seconds)
+            return jnp.ones(2)
+
+        return run
+
+    samples = measure.interleaved_samples({"a": make("a", 0.0), "b": make("b", 0.02)}, rounds=3)
+    # Compile calls, then each round: an untimed and a timed call of a, then of b.
+    assert log == ["a", "b"] + ["a", "a", "b", "b"] * 3
+    assert [len(s) for s in samples.values()] == [3, 3]
+    assert min(samples["b"]) >= 0.02 > max(samples["a"])  # each sample is its own run's call
+    log.clear()
+    measure.interleaved_samples({"a": make("a", 0.0)}, rounds=2, warmup_each=0)
+    assert log == ["a"] * 3
+    with pytest.raises(ValueError, match="warmup_each"):
+        measure.interleaved_samples({"a": make("a", 0.0)}, rounds=1, warmup_each=-1)
 
 
 def test_allocated_bytes_counts_the_buffers():

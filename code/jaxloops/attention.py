@@ -98,11 +98,11 @@ def masked_fill_value(dtype):
     return -0.7 * float(jnp.finfo(dtype).max)
 
 
-def softmax(scores):
-    """Softmax over the last axis (the keys), subtracting the row max for stability."""
-    shifted = scores - scores.max(axis=-1, keepdims=True)
+def softmax(scores, axis: int = -1):
+    """Softmax over `axis` (the keys), subtracting the max along it for stability."""
+    shifted = scores - scores.max(axis=axis, keepdims=True)
     weights = jnp.exp(shifted)
-    return weights / weights.sum(axis=-1, keepdims=True)
+    return weights / weights.sum(axis=axis, keepdims=True)
 
 
 def attention_weights(query, key, *, is_causal: bool = False, mask=None):

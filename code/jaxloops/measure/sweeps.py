@@ -1,7 +1,8 @@
 """Attention sweeps: cost, latency, numerics, causal speedup and decode.
 
 Each returns a plain list of dicts, so the chapters and a GPU benchmark script call the
-same code. Timings use `time_call` (warm-up, block_until_ready, median); none is a test.
+same code. Timings use `interleaved_samples` (the calls of a sweep in turns, each after an
+untimed call of its own, block_until_ready, median); none is a test.
 """
 
 import functools
@@ -23,7 +24,7 @@ from jaxloops.blockwise import (
 )
 from jaxloops.kvcache import decode_attention
 from jaxloops.measure.kernels import attention_fn, run_attention
-from jaxloops.measure.timing import time_call
+from jaxloops.measure.timing import interleaved_samples
 
 MATERIALISING = ("naive", "xla")  # implementations that build the (B, N, T, S) scores
 
@@ -113,8 +114,10 @@ def attention_sweep(
       parallel_blocks: blockwise's query blocks per chunk (None: its default).
 
     One compile per point serves all the compiled measurements, and the timed calls of the
-    requests alternate, so that a slow moment of a shared machine hits all of them alike;
-    `samples` keeps every timed call in that order, `seconds` is their median. FLOPs and
+    requests alternate (`interleaved_samples`), so that a slow moment of a shared machine
+    hits all of them alike, each after an untimed call of its own, so that none pays for
+    the one before it; `samples` keeps every timed call in that order, `seconds` is their
+    median. FLOPs and
     bytes are None for blockwise: XLA's cost analysis counts a loop body once, not once
     per trip. A request that does not run gets seconds None and the reason in `error`;
     naive and XLA, which build the (T, S) scores, are compiled but not run beyond
@@ -158,12 +161,10 @@ def attention_sweep(
             row.update(compiled_costs(fn, *args))
             if name == "blockwise":
                 row["flops"] = row["bytes_accessed"] = None
-            timed.append((row, jax.jit(fn), args))
-            jax.block_until_ready(timed[-1][1](*args))  # compile and warm up
-        for _ in range(repeats):
-            for row, fn, args in timed:
-                row["samples"].append(time_call(fn, *args, warmup=0, repeats=1))
-        for row, _, _ in timed:
+            timed.append((row, functools.partial(jax.jit(fn), *args)))
+        samples = interleaved_samples({str(i): run for i, (_, run) in enumerate(timed)}, repeats)
+        for i, (row, _) in enumerate(timed):
+            row["samples"] = samples[str(i)]
             row["seconds"] = statistics.median(row["samples"])
     return rows
 
@@ -184,15 +185,12 @@ def naive_attention_parts(key: jax.Array, *, T: int, heads: int, head_dim: int, 
         "mix: weights V": (lambda w, v: jnp.einsum("BNTS,BSNH->BTNH", w, v), (scores, value)),
         "whole (naive)": (attention, (query, key_, value)),
     }
-    rows, timed = [], []
-    for part, (fn, args) in parts.items():
-        rows.append({"part": part, **compiled_costs(fn, *args), "samples": []})
-        timed.append((rows[-1], jax.jit(fn), args))
-        jax.block_until_ready(timed[-1][1](*args))
-    for _ in range(repeats):
-        for row, fn, args in timed:
-            row["samples"].append(time_call(fn, *args, warmup=0, repeats=1))
+    rows = [{"part": part, **compiled_costs(fn, *args)} for part, (fn, args) in parts.items()]
+    samples = interleaved_samples(
+        {part: functools.partial(jax.jit(fn), *args) for part, (fn, args) in parts.items()}, repeats
+    )
     for row in rows:
+        row["samples"] = samples[row["part"]]
         row["seconds"] = statistics.median(row["samples"])
     return rows
 
@@ -305,17 +303,16 @@ def blockwise_tile_parts(
         (square, square),
         4 * T * T * heads * head_dim / (2 * n**3),
     )
-    rows, timed = [], []
-    for part, (fn, args, calls) in parts.items():
-        rows.append({"part": part, **compiled_costs(fn, *args), "calls": calls, "samples": []})
-        timed.append((rows[-1], jax.jit(fn), args))
-        jax.block_until_ready(timed[-1][1](*args))
-    for _ in range(repeats):
-        for row, fn, args in timed:
-            row["samples"].append(
-                time_call(fn, *args, warmup=0, repeats=3 if row["calls"] == n_steps else 1)
-            )
+    rows = [
+        {"part": part, **compiled_costs(fn, *args), "calls": calls}
+        for part, (fn, args, calls) in parts.items()
+    ]
+    samples = interleaved_samples(
+        {part: functools.partial(jax.jit(fn), *args) for part, (fn, args, _) in parts.items()},
+        repeats,
+    )
     for row in rows:
+        row["samples"] = samples[row["part"]]
         row["seconds_per_call"] = statistics.median(row["samples"])
         row["seconds"] = row["seconds_per_call"] * row["calls"]
         for name in ("flops", "bytes_accessed", "transcendentals"):
@@ -470,15 +467,13 @@ def decode_sweep(
             )
             for kv in kv_heads
         }  # (B, K, S, H) each
-        seconds = {kv: [] for kv in kv_heads}
-        for cache in caches.values():
-            jax.block_until_ready(decode_steps(queries, *cache))  # compile and warm up
-        for _ in range(repeats):
-            for kv, cache in caches.items():
-                call = time_call(decode_steps, queries, *cache, warmup=0, repeats=1)
-                seconds[kv].append(call / steps)
+        runs = {
+            str(kv): functools.partial(decode_steps, queries, *kv_cache)
+            for kv, kv_cache in caches.items()
+        }
+        samples = interleaved_samples(runs, repeats)
         for kv, (cache_key, cache_value) in caches.items():
-            median = statistics.median(seconds[kv])
+            median = statistics.median(samples[str(kv)]) / steps
             cache_bytes = cache_key.nbytes + cache_value.nbytes
             rows.append(
                 {

@@ -164,20 +164,42 @@ def compile_in_fresh_process(cache_dir: str | os.PathLike | None) -> float:
     return float(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
 
 
-def interleaved_seconds(runs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
-    """Fastest of `rounds` timed calls of each run, the runs taken in turn within a round.
+def interleaved_samples(
+    runs: dict[str, Callable[[], Any]], rounds: int, *, warmup_each: int = 1
+) -> dict[str, list[float]]:
+    """Every timed call of each run, the runs taken in turn within each of `rounds` rounds.
 
-    Taking turns exposes every run to the same busy moments; a busy moment only slows a
-    call down, so the fastest call is the least disturbed estimate of each.
+    Taking turns exposes every run to the same busy moments of a shared machine. Before each
+    timed call, `warmup_each` untimed calls of the same run: otherwise a run pays for the
+    state the run before it left behind (caches, TLB, memory, idle cores). At T = S = 4096
+    on the 2-core CPU, blockwise attention timed straight after naive attention, which
+    writes 1 GiB of scores, took about 20-40 % longer than after a call of its own.
+
+    Returns:
+      {name: [seconds of each timed call, in round order]}.
     """
-    if rounds < 1:
-        raise ValueError(f"need rounds >= 1, got {rounds}")
-    for run in runs.values():  # warm-up: compile, fill caches
+    if rounds < 1 or warmup_each < 0:
+        raise ValueError(f"need rounds >= 1 and warmup_each >= 0, got {rounds}, {warmup_each}")
+    for run in runs.values():  # compile
         jax.block_until_ready(run())
-    best = {name: float("inf") for name in runs}
+    samples = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():
+            for _ in range(warmup_each):
+                jax.block_until_ready(run())
             start = time.perf_counter()
             jax.block_until_ready(run())
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
+            samples[name].append(time.perf_counter() - start)
+    return samples
+
+
+def interleaved_seconds(runs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
+    """Fastest of `rounds` timed calls of each run (`interleaved_samples` without untimed
+    calls between turns: its callers compare whole training runs of one kind, which leave
+    each other the same machine).
+
+    A busy moment only slows a call down, so the fastest call is the least disturbed
+    estimate of each.
+    """
+    samples = interleaved_samples(runs, rounds, warmup_each=0)
+    return {name: min(seconds) for name, seconds in samples.items()}
