@@ -173,7 +173,7 @@ def interleaved_samples(
     timed call, `warmup_each` untimed calls of the same run: otherwise a run pays for the
     state the run before it left behind (caches, TLB, memory, idle cores). At T = S = 4096
     on the 2-core CPU, blockwise attention timed straight after naive attention, which
-    writes 1 GiB of scores, took about 20-40 % longer than after a call of its own.
+    writes 1 GiB of scores, took 15-40 % longer than after a call of its own.
 
     Returns:
       {name: [seconds of each timed call, in round order]}.
