@@ -117,11 +117,10 @@ def attention_sweep(
     requests alternate (`interleaved_samples`), so that a slow moment of a shared machine
     hits all of them alike, each after an untimed call of its own, so that none pays for
     the one before it; `samples` keeps every timed call in that order, `seconds` is their
-    median. FLOPs and
-    bytes are None for blockwise: XLA's cost analysis counts a loop body once, not once
-    per trip. A request that does not run gets seconds None and the reason in `error`;
-    naive and XLA, which build the (T, S) scores, are compiled but not run beyond
-    `materialise_max_length`.
+    median. FLOPs and bytes are None for blockwise: XLA's cost analysis counts a loop body
+    once, not once per trip. A request that does not run gets seconds None and the reason
+    in `error`; naive and XLA, which build the (T, S) scores, are compiled but not run
+    beyond `materialise_max_length`.
     """
     rows = []
     for length in lengths:
@@ -185,6 +184,12 @@ def naive_attention_parts(key: jax.Array, *, T: int, heads: int, head_dim: int, 
         "mix: weights V": (lambda w, v: jnp.einsum("BNTS,BSNH->BTNH", w, v), (scores, value)),
         "whole (naive)": (attention, (query, key_, value)),
     }
+    return _timed_parts(parts, repeats)
+
+
+def _timed_parts(parts: dict, repeats: int) -> list[dict]:
+    """Rows (part, compiled costs, samples, seconds) of {part: (function, arguments)}, the
+    parts timed in turns (`interleaved_samples`), `seconds` the median of each."""
     rows = [{"part": part, **compiled_costs(fn, *args)} for part, (fn, args) in parts.items()]
     samples = interleaved_samples(
         {part: functools.partial(jax.jit(fn), *args) for part, (fn, args) in parts.items()}, repeats
@@ -303,18 +308,11 @@ def blockwise_tile_parts(
         (square, square),
         4 * T * T * heads * head_dim / (2 * n**3),
     )
-    rows = [
-        {"part": part, **compiled_costs(fn, *args), "calls": calls}
-        for part, (fn, args, calls) in parts.items()
-    ]
-    samples = interleaved_samples(
-        {part: functools.partial(jax.jit(fn), *args) for part, (fn, args, _) in parts.items()},
-        repeats,
-    )
-    for row in rows:
-        row["samples"] = samples[row["part"]]
-        row["seconds_per_call"] = statistics.median(row["samples"])
-        row["seconds"] = row["seconds_per_call"] * row["calls"]
+    rows = _timed_parts({part: (fn, args) for part, (fn, args, _) in parts.items()}, repeats)
+    for row, (_, _, calls) in zip(rows, parts.values()):
+        row["calls"] = calls
+        row["seconds_per_call"] = row["seconds"]
+        row["seconds"] = row["seconds_per_call"] * calls
         for name in ("flops", "bytes_accessed", "transcendentals"):
             row[name] *= row["calls"]
     whole_row = next(row for row in rows if row["part"] == "whole (blockwise)")
