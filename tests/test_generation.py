@@ -73,9 +73,10 @@ def test_generation_is_deterministic_for_a_key_and_varies_across_keys(params, pr
     assert int((first[:, 5:] != other[:, 5:]).sum()) > 0
 
 
-def test_cached_and_recomputing_decoders_sample_the_same_tokens(params, prompt):
-    cached = generate(jax.random.key(0), params, prompt, steps=STEPS)
-    recomputed = generate_without_cache(jax.random.key(0), params, prompt, steps=STEPS)
+@pytest.mark.parametrize("batch", [7, 1])  # B = 1: the cache is carried without its B axis
+def test_cached_and_recomputing_decoders_sample_the_same_tokens(params, prompt, batch):
+    cached = generate(jax.random.key(0), params, prompt[:batch], steps=STEPS)
+    recomputed = generate_without_cache(jax.random.key(0), params, prompt[:batch], steps=STEPS)
     np.testing.assert_array_equal(cached, recomputed)
 
 

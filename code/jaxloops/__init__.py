@@ -62,6 +62,7 @@ from jaxloops.kvcache import (
     decode_tokens,
     init_kv_cache,
     kv_cache_bytes,
+    loop_form,
 )
 from jaxloops.loop import fit, make_epoch, python_loop, unstack
 from jaxloops.losses import accuracy, checked_cross_entropy, cross_entropy
@@ -127,6 +128,7 @@ __all__ = (
     "kv_cache_bytes",
     "load_digits_split",
     "load_stdlib_corpus",
+    "loop_form",
     "make_epoch",
     "make_optimizer",
     "make_train_step",

@@ -81,6 +81,46 @@ def check_decode_shapes(query, cache_key, cache_value) -> tuple[int, ...]:
     return B, T, N, K, S, H
 
 
+def loop_form(cache):
+    """Cache arrays (B, K, S, H) without their size-1 B and K axes: the same bytes, shaped as
+    the matrix products of a decode step read them. Works on one array or a whole cache.
+
+    XLA drops size-1 axes from a product's operands. A loop that carries a (1, K, S, H)
+    cache, or (B, 1, S, H), would hand its products a reshaped view of the array it has just
+    written, and XLA then writes the new slot twice, into the carry and into a full copy of
+    the cache, on every step. A loop that carries this form has nothing to reshape.
+    """
+
+    def drop_unit_axes(x):
+        return x.reshape(*(d for d in x.shape[:2] if d > 1), *x.shape[2:])
+
+    return jax.tree.map(drop_unit_axes, cache)
+
+
+def _decode_shapes(query, cache_key, cache_value) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(B, T, N, K, S, H) and the cache's leading axes, for a (B, K, S, H) cache or its
+    `loop_form`."""
+    if cache_key.ndim == 4:
+        sizes = check_decode_shapes(query, cache_key, cache_value)
+        return sizes, cache_key.shape[:2]
+    if query.ndim != 4 or cache_key.ndim not in (2, 3) or cache_key.shape != cache_value.shape:
+        raise ValueError(
+            f"query must be (B, T, N, H) and the cache equal (B, K, S, H) arrays or their "
+            f"loop_form; got query {query.shape}, cache {cache_key.shape} and "
+            f"{cache_value.shape}"
+        )
+    B, T, N, H = query.shape
+    lead, (S, cache_head_dim) = cache_key.shape[:-2], cache_key.shape[-2:]
+    K = math.prod(lead) // B
+    if K < 1 or tuple(d for d in (B, K) if d > 1) != lead or cache_head_dim != H or N % K or T > S:
+        raise ValueError(
+            f"query {query.shape} (B, T, N, H) does not fit cache {cache_key.shape}, the "
+            f"loop_form of a (B, K, S, H) cache: need its leading axes to be (B, K) without "
+            f"size-1 axes, equal H, N % K == 0 and T <= S"
+        )
+    return (B, T, N, K, S, H), lead
+
+
 def decode_attention(query, cache_key, cache_value, start):
     """Attention of T new tokens, at positions start..start+T-1, over a heads-major cache.
 
@@ -91,67 +131,68 @@ def decode_attention(query, cache_key, cache_value, start):
 
     Args:
       query: (B, T, N, H); T = 1 for a decode step, the prompt for a prefill.
-      cache_key, cache_value: (B, K, S, H), one layer of the cache.
+      cache_key, cache_value: (B, K, S, H), one layer of the cache, or its `loop_form`.
       start: position of the first query (a traced int is fine).
 
     Returns:
       (B, T, N, H).
     """
-    B, T, N, K, S, H = check_decode_shapes(query, cache_key, cache_value)
+    (B, T, N, K, S, H), lead = _decode_shapes(query, cache_key, cache_value)
     G, R = N // K, N // K * T
     # The G heads of a group and the T tokens are the R = G * T rows of one product per
-    # (b, k): each key and value of the group is read once for all of them.
-    query_BKRH = (
-        query.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, R, H)
-    )  # (B, T, N, H) -> (B, K, G, T, H) -> (B, K, R, H), row r = g * T + t
+    # (b, k): each key and value of the group is read once for all of them. The rows take
+    # the cache's leading axes, (B, K) or fewer, so the cache itself is never reshaped.
+    query_rows = (
+        query.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(*lead, R, H)
+    )  # (B, T, N, H) -> (B, K, G, T, H) -> (..., R, H), row r = g * T + t
     # The cache is the left operand, S rows of H read in order, and the scores come out
-    # S-major, (B, K, S, R): the softmax then runs down S with the R rows side by side.
-    # (On XLA's CPU backend, (B, K, R, S) scores ran GQA's and MQA's step about 1.4x slower.)
+    # S-major, (..., S, R): the softmax then runs down S with the R rows side by side.
+    # (On XLA's CPU backend, (..., R, S) scores ran GQA's and MQA's step about 1.4x slower.)
     scores = jnp.einsum(
-        "BKSH,BKRH->BKSR", cache_key, query_BKRH, preferred_element_type=jnp.float32
-    ) / math.sqrt(H)  # (B, K, S, R)
+        "...SH,...RH->...SR", cache_key, query_rows, preferred_element_type=jnp.float32
+    ) / math.sqrt(H)  # (..., S, R)
     # `is_causal` would align top-left and show query 0 slot 0 only: mask by position.
     visible = jnp.tile(causal_mask(T, S, offset=start), (G, 1)).T  # (S, R): s <= start + t
     scores = jnp.where(visible, scores, masked_fill_value(jnp.float32))
     # One row (MHA decoding) is the same bytes as a (1, S) row: reduce it as one (XLA's CPU
     # backend reduced the (S, 1) column about 1.6x slower).
     if R == 1:
-        weights = softmax(scores.reshape(B, K, 1, S)).reshape(B, K, S, 1)
+        weights = softmax(scores.swapaxes(-1, -2)).swapaxes(-1, -2)
     else:
-        weights = softmax(scores, axis=2)  # over S, for each of the R rows
+        weights = softmax(scores, axis=-2)  # over S, for each of the R rows
     out = jnp.einsum(
-        "BKSR,BKSH->BKRH", weights.astype(cache_value.dtype), cache_value
-    )  # (B, K, R, H)
+        "...SR,...SH->...RH", weights.astype(cache_value.dtype), cache_value
+    )  # (..., R, H)
     return out.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)  # (B, T, N, H)
 
 
 def decode_step(query, new_key, new_value, cache_key, cache_value, start):
     """Writes T new keys/values into slots start..start+T-1, then attends over the cache.
 
-    Under `jit` with the cache donated, or in the carry of a `lax.scan` or `fori_loop`,
-    the write happens in place: only the T new slots are written, the rest is not copied.
+    Under `jit` with the cache donated, or in the carry of a `lax.scan` or `fori_loop`
+    that carries its `loop_form`, the write happens in place: only the T new slots are
+    written, the rest is not copied.
 
     Args:
       query: (B, T, N, H); new_key, new_value: (B, T, K, H), as a projection gives them.
-      cache_key, cache_value: (B, K, S, H).
+      cache_key, cache_value: (B, K, S, H), or its `loop_form` (what a loop should carry).
       start: the slot of the first new token (a traced int is fine).
 
     Returns:
       (output (B, T, N, H), cache_key, cache_value).
     """
-    B, T, _, K, _, H = check_decode_shapes(query, cache_key, cache_value)
+    (B, T, _, K, _, H), lead = _decode_shapes(query, cache_key, cache_value)
     if new_key.shape != (B, T, K, H) or new_value.shape != (B, T, K, H):
         raise ValueError(
             f"new key/value must be (B, T, K, H) = {(B, T, K, H)} to match the "
             f"cache {cache_key.shape}; got {new_key.shape} and {new_value.shape}"
         )
-    slot = (0, 0, start, 0)
-    cache_key = lax.dynamic_update_slice(
-        cache_key, new_key.swapaxes(1, 2).astype(cache_key.dtype), slot
-    )  # (B, K, S, H)
-    cache_value = lax.dynamic_update_slice(
-        cache_value, new_value.swapaxes(1, 2).astype(cache_value.dtype), slot
-    )
+    # (B, T, K, H) -> (B, K, T, H), shaped like the cache (or its loop form)
+    new_key = new_key.swapaxes(1, 2).reshape(*lead, T, H).astype(cache_key.dtype)
+    new_value = new_value.swapaxes(1, 2).reshape(*lead, T, H).astype(cache_value.dtype)
+    slot = (0,) * len(lead) + (start, 0)  # slot `start` of every (b, k)
+    cache_key = lax.dynamic_update_slice(cache_key, new_key, slot)
+    cache_value = lax.dynamic_update_slice(cache_value, new_value, slot)
     return decode_attention(query, cache_key, cache_value, start), cache_key, cache_value
 
 
@@ -160,8 +201,9 @@ def decode_tokens(queries, keys, values, cache_key, cache_value, start):
     """Decodes T tokens one after another, each step writing its slot and attending, as
     generation does: a `lax.scan` of `decode_step` with the cache in its carry.
 
-    The cache passed in is donated: the compiled loop writes one slot per step into the
-    same buffers and returns them, so decoding copies no cache.
+    The cache passed in is donated and the loop carries its `loop_form`: the compiled loop
+    writes one slot per step into the same buffers and returns them, and copies no cache,
+    whatever B and K.
 
     Args:
       queries: (B, T, N, H); keys, values: (B, T, K, H), the T tokens' projections.
@@ -180,8 +222,9 @@ def decode_tokens(queries, keys, values, cache_key, cache_value, start):
         )
         return (cache_key, cache_value, position + 1), out[:, 0]  # (B, N, H)
 
+    shape = cache_key.shape  # (B, K, S, H)
     tokens_first = tuple(x.swapaxes(0, 1) for x in (queries, keys, values))  # (T, B, ., H)
     (cache_key, cache_value, _), outs = lax.scan(
-        step, (cache_key, cache_value, start), tokens_first
+        step, (*loop_form((cache_key, cache_value)), start), tokens_first
     )  # outs (T, B, N, H)
-    return outs.swapaxes(0, 1), cache_key, cache_value  # (B, T, N, H)
+    return outs.swapaxes(0, 1), cache_key.reshape(shape), cache_value.reshape(shape)

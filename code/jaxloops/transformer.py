@@ -215,13 +215,14 @@ def cached_logits(params: Params, tokens: jax.Array, cache, start):
     start = the number of tokens already in the cache. The caller keeps start + T <= S.
 
     Args:
-      cache: one {"key", "value"} per layer, each (B, K, S, H), as `kv_cache_for` makes.
+      cache: one {"key", "value"} per layer, each (B, K, S, H), as `kv_cache_for` makes,
+        or its `loop_form`.
     Returns:
       (logits (B, T, V), the cache with the T new positions written).
     """
     if len(cache) != num_blocks(params):
         raise ValueError(f"cache has {len(cache)} layers, the model {num_blocks(params)}")
-    check_tokens(params, tokens, length=cache[0]["key"].shape[2])
+    check_tokens(params, tokens, length=cache[0]["key"].shape[-2])  # S
     return apply_blocks(params, embed(params, tokens, start), cache, start)
 
 
