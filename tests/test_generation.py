@@ -1,3 +1,5 @@
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -5,6 +7,7 @@ import pytest
 
 import jaxloops
 from conftest import SMALL_TRANSFORMER
+from jaxloops import measure
 from jaxloops.generation import generate, generate_without_cache, sample_token
 from jaxloops.kvcache import kv_cache_bytes
 from jaxloops.transformer import (
@@ -100,3 +103,13 @@ def test_cached_logits_refuses_a_cache_with_other_layers(params):
     )
     with pytest.raises(ValueError, match="cache has 1 layers, the model 2"):
         cached_logits(params, jnp.zeros((7, 1), jnp.int32), (layer,), 0)
+
+
+@pytest.mark.parametrize("batch, kv_heads", [(1, 5), (3, 1)], ids=["one-prompt", "MQA"])
+def test_the_compiled_decode_loop_copies_no_cache(batch, kv_heads):
+    config = dataclasses.replace(CONFIG, num_kv_heads=kv_heads)
+    shapes = jax.eval_shape(lambda k: jaxloops.init_transformer(k, config), jax.random.key(0))
+    prompt = jax.ShapeDtypeStruct((batch, 3), jnp.int32)
+    compiled = generate.lower(jax.random.key(1), shapes, prompt, steps=STEPS).compile()
+    layer = kv_cache_for(shapes, batch, 3 + STEPS)[0]["key"]  # (B, K, S, H), a size-1 axis
+    assert measure.loop_copies(compiled, layer.size) == 0

@@ -1,6 +1,7 @@
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -101,3 +102,36 @@ def test_compiled_fusions_find_the_matmuls_and_the_loop_body():
     )
     in_loop = [f for f in blockwise if f["runs"] == "loop"]
     assert any("exponential" in f["ops"] for f in in_loop)  # the softmax runs once per tile
+
+
+def _decode_loop(carry_loop_form: bool):
+    """decode_tokens' scan, carrying the (B, K, S, H) cache as given or in its loop_form."""
+
+    @functools.partial(jax.jit, donate_argnums=(3, 4))
+    def loop(queries, keys, values, cache_key, cache_value):
+        def step(carry, new):
+            cache_key, cache_value, position = carry
+            out, cache_key, cache_value = jaxloops.decode_step(
+                *(x[:, None] for x in new), cache_key, cache_value, position
+            )
+            return (cache_key, cache_value, position + 1), out
+
+        cache = (cache_key, cache_value)
+        cache = jaxloops.loop_form(cache) if carry_loop_form else cache
+        tokens_first = tuple(x.swapaxes(0, 1) for x in (queries, keys, values))
+        return jax.lax.scan(step, (*cache, 0), tokens_first)
+
+    return loop
+
+
+def test_loop_copies_counts_the_cache_copies_a_loop_body_makes():
+    batch, heads, kv_heads, slots, head_dim, steps = 1, 6, 3, 128, 5, 7  # B = 1: a size-1 axis
+    queries = jax.ShapeDtypeStruct((batch, steps, heads, head_dim), jnp.float32)
+    new = jax.ShapeDtypeStruct((batch, steps, kv_heads, head_dim), jnp.float32)
+    cache = jax.ShapeDtypeStruct((batch, kv_heads, slots, head_dim), jnp.float32)
+    elements = batch * kv_heads * slots * head_dim
+    as_given = _decode_loop(False).lower(queries, new, new, cache, cache).compile()
+    carried = _decode_loop(True).lower(queries, new, new, cache, cache).compile()
+    assert measure.loop_copies(as_given, elements) >= 1  # the products' reshaped copy
+    assert measure.loop_copies(carried, elements) == 0
+    assert measure.loop_copies(as_given, elements + 1) == 0  # only arrays of that size count

@@ -239,6 +239,27 @@ def compiled_fusions(fn, *args) -> list[dict]:
     ]
 
 
+def loop_copies(compiled, elements: int) -> int:
+    """`copy` instructions, inside the while-loop bodies of a compiled program, whose result
+    has `elements` elements: a loop that writes its carry in place copies none of it.
+
+    Args:
+      compiled: what `jax.jit(f).lower(...).compile()` returns.
+      elements: the size of the carried array looked for (for a cache, B * K * S * H).
+    """
+    text = compiled.as_text()
+    bodies = set(re.findall(r"body=%?([\w.-]+)", text))
+    count, computation = 0, None
+    for line in text.splitlines():
+        if line and not line[0].isspace() and "{" in line:  # a computation begins
+            computation = line.split()[0].lstrip("%")
+            continue
+        copy = re.match(r"^\s*(?:ROOT )?%?\S+ = \w+\[([\d,]*)\]\S* copy\(", line)
+        if copy and computation in bodies:
+            count += math.prod(int(d) for d in copy.group(1).split(",") if d) == elements
+    return count
+
+
 def blockwise_tile_parts(
     key: jax.Array,
     *,
