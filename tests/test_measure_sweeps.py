@@ -104,24 +104,19 @@ def test_compiled_fusions_find_the_matmuls_and_the_loop_body():
     assert any("exponential" in f["ops"] for f in in_loop)  # the softmax runs once per tile
 
 
-def _decode_loop(carry_loop_form: bool):
-    """decode_tokens' scan, carrying the (B, K, S, H) cache as given or in its loop_form."""
+@functools.partial(jax.jit, donate_argnums=(3, 4))
+def _carried_as_given(queries, keys, values, cache_key, cache_value):
+    """decode_tokens' scan without its loop_form: the (B, K, S, H) cache is the carry."""
 
-    @functools.partial(jax.jit, donate_argnums=(3, 4))
-    def loop(queries, keys, values, cache_key, cache_value):
-        def step(carry, new):
-            cache_key, cache_value, position = carry
-            out, cache_key, cache_value = jaxloops.decode_step(
-                *(x[:, None] for x in new), cache_key, cache_value, position
-            )
-            return (cache_key, cache_value, position + 1), out
+    def step(carry, new):
+        cache_key, cache_value, position = carry
+        out, cache_key, cache_value = jaxloops.decode_step(
+            *(x[:, None] for x in new), cache_key, cache_value, position
+        )
+        return (cache_key, cache_value, position + 1), out
 
-        cache = (cache_key, cache_value)
-        cache = jaxloops.loop_form(cache) if carry_loop_form else cache
-        tokens_first = tuple(x.swapaxes(0, 1) for x in (queries, keys, values))
-        return jax.lax.scan(step, (*cache, 0), tokens_first)
-
-    return loop
+    tokens_first = tuple(x.swapaxes(0, 1) for x in (queries, keys, values))
+    return jax.lax.scan(step, (cache_key, cache_value, 0), tokens_first)
 
 
 def test_loop_copies_counts_the_cache_copies_a_loop_body_makes():
@@ -130,8 +125,8 @@ def test_loop_copies_counts_the_cache_copies_a_loop_body_makes():
     new = jax.ShapeDtypeStruct((batch, steps, kv_heads, head_dim), jnp.float32)
     cache = jax.ShapeDtypeStruct((batch, kv_heads, slots, head_dim), jnp.float32)
     elements = batch * kv_heads * slots * head_dim
-    as_given = _decode_loop(False).lower(queries, new, new, cache, cache).compile()
-    carried = _decode_loop(True).lower(queries, new, new, cache, cache).compile()
+    as_given = _carried_as_given.lower(queries, new, new, cache, cache).compile()
+    carried = jaxloops.decode_tokens.lower(queries, new, new, cache, cache, 0).compile()
     assert measure.loop_copies(as_given, elements) >= 1  # the products' reshaped copy
     assert measure.loop_copies(carried, elements) == 0
     assert measure.loop_copies(as_given, elements + 1) == 0  # only arrays of that size count

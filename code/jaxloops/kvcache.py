@@ -99,26 +99,20 @@ def loop_form(cache):
 
 def _decode_shapes(query, cache_key, cache_value) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(B, T, N, K, S, H) and the cache's leading axes, for a (B, K, S, H) cache or its
-    `loop_form`."""
-    if cache_key.ndim == 4:
-        sizes = check_decode_shapes(query, cache_key, cache_value)
-        return sizes, cache_key.shape[:2]
-    if query.ndim != 4 or cache_key.ndim not in (2, 3) or cache_key.shape != cache_value.shape:
-        raise ValueError(
-            f"query must be (B, T, N, H) and the cache equal (B, K, S, H) arrays or their "
-            f"loop_form; got query {query.shape}, cache {cache_key.shape} and "
-            f"{cache_value.shape}"
-        )
-    B, T, N, H = query.shape
-    lead, (S, cache_head_dim) = cache_key.shape[:-2], cache_key.shape[-2:]
-    K = math.prod(lead) // B
-    if K < 1 or tuple(d for d in (B, K) if d > 1) != lead or cache_head_dim != H or N % K or T > S:
-        raise ValueError(
-            f"query {query.shape} (B, T, N, H) does not fit cache {cache_key.shape}, the "
-            f"loop_form of a (B, K, S, H) cache: need its leading axes to be (B, K) without "
-            f"size-1 axes, equal H, N % K == 0 and T <= S"
-        )
-    return (B, T, N, K, S, H), lead
+    `loop_form`; the checks are `check_decode_shapes`' on the (B, K, S, H) shape."""
+    lead = cache_key.shape[:-2]  # (B, K), or what loop_form left of them
+    if cache_key.ndim != 4 and query.ndim == 4 and cache_key.ndim in (2, 3):
+        B = query.shape[0]
+        K = math.prod(lead) // B
+        if K < 1 or tuple(d for d in (B, K) if d > 1) != lead:
+            raise ValueError(
+                f"query {query.shape} (B, T, N, H) does not fit cache {cache_key.shape}, the "
+                f"loop_form of a (B, K, S, H) cache: need its leading axes to be (B, K) "
+                f"without size-1 axes"
+            )
+        if cache_key.shape == cache_value.shape:  # else check_decode_shapes says they differ
+            cache_key = cache_value = jax.ShapeDtypeStruct((B, K, *cache_key.shape[-2:]), "f4")
+    return check_decode_shapes(query, cache_key, cache_value), lead
 
 
 def decode_attention(query, cache_key, cache_value, start):

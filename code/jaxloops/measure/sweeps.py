@@ -202,7 +202,24 @@ def _timed_parts(parts: dict, repeats: int) -> list[dict]:
 
 _HLO_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?(\S+) = \S+ ([\w-]+)\(")
 _HLO_FUSION = re.compile(r"^\s*(?:ROOT )?%?(\S+) = (\S+) fusion\(.*kind=(\w+), calls=%?([\w.-]+)")
+_HLO_COPY = re.compile(r"^\s*(?:ROOT )?%?\S+ = \w+\[([\d,]*)\]\S* copy\(")
 _BOOKKEEPING = {"parameter", "constant", "bitcast", "broadcast", "tuple", "get-tuple-element"}
+
+
+def _hlo_lines(text: str):
+    """(computation, line) for each instruction line of compiled HLO text; the entry
+    computation is named "ENTRY"."""
+    computation = None
+    for line in text.splitlines():
+        if line and not line[0].isspace() and "{" in line:  # a computation begins
+            computation = "ENTRY" if line.startswith("ENTRY") else line.split()[0].lstrip("%")
+        elif computation is not None:
+            yield computation, line
+
+
+def _loop_computations(text: str) -> set[str]:
+    """Names of the computations a while loop runs on every trip (its body and condition)."""
+    return set(re.findall(r"(?:body|condition)=%?([\w.-]+)", text))
 
 
 def compiled_fusions(fn, *args) -> list[dict]:
@@ -214,19 +231,15 @@ def compiled_fusions(fn, *args) -> list[dict]:
       "loop" inside a while body) and the operations fused into it.
     """
     text = jax.jit(fn).lower(*args).compile().as_text()
-    ops, fusions, computation = {}, [], None
-    for line in text.splitlines():
-        if line and not line[0].isspace() and "{" in line:  # a computation begins
-            computation = "ENTRY" if line.startswith("ENTRY") else line.split()[0].lstrip("%")
-            ops[computation] = []
-            continue
+    ops, fusions = {}, []
+    for computation, line in _hlo_lines(text):
         fusion = _HLO_FUSION.match(line)
         if fusion:
             fusions.append((computation, *fusion.groups()))
         instruction = _HLO_INSTRUCTION.match(line)
-        if instruction and computation is not None:
-            ops[computation].append(instruction.group(2))
-    loop_bodies = set(re.findall(r"(?:body|condition)=%?([\w.-]+)", text))
+        if instruction:
+            ops.setdefault(computation, []).append(instruction.group(2))
+    loop_bodies = _loop_computations(text)
     return [
         {
             "fusion": name,
@@ -248,14 +261,11 @@ def loop_copies(compiled, elements: int) -> int:
       elements: the size of the carried array looked for (for a cache, B * K * S * H).
     """
     text = compiled.as_text()
-    bodies = set(re.findall(r"body=%?([\w.-]+)", text))
-    count, computation = 0, None
-    for line in text.splitlines():
-        if line and not line[0].isspace() and "{" in line:  # a computation begins
-            computation = line.split()[0].lstrip("%")
-            continue
-        copy = re.match(r"^\s*(?:ROOT )?%?\S+ = \w+\[([\d,]*)\]\S* copy\(", line)
-        if copy and computation in bodies:
+    in_loop = _loop_computations(text)
+    count = 0
+    for computation, line in _hlo_lines(text):
+        copy = _HLO_COPY.match(line)
+        if copy and computation in in_loop:
             count += math.prod(int(d) for d in copy.group(1).split(",") if d) == elements
     return count
 
