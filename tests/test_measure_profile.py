@@ -67,3 +67,17 @@ def test_overlap_seconds_counts_time_both_rows_were_busy():
     ]
     assert measure.overlap_seconds(spans, "device", HOST_WORK) == 1.0  # 2.5-3 and 5-5.5
     assert measure.overlap_seconds(spans, "device", "wait") == 0.0
+
+
+def test_trace_spans_keeps_the_shortest_of_its_tries():
+    sleeps = iter([0.03, 0.005, 0.015])
+
+    def run():
+        with jax.profiler.TraceAnnotation(HOST_WORK):
+            time.sleep(next(sleeps))
+        return jnp.zeros(())
+
+    spans = measure.trace_spans(run, tries=3)
+    assert 0.005 <= measure.busy_seconds(spans, HOST_WORK) < 0.015
+    with pytest.raises(ValueError, match="tries must be >= 1, got 0"):
+        measure.trace_spans(run, tries=0)
