@@ -70,16 +70,16 @@ def test_no_checkpoint_restores_none(tmp_path):
 
 
 def test_broken_checkpoints_are_reported_and_skipped(tmp_path):
-    save_steps(tmp_path, [1, 2, 3, 4], keep_last=4)
+    save_steps(tmp_path, [1, 2, 3, 4], keep_last=4).close()
     truncated = data_file(tmp_path, 4)
     truncated.write_bytes(truncated.read_bytes()[:8])  # cut short: 8 bytes left
     data_file(tmp_path, 3).unlink()
     (tmp_path / "2" / "state" / "_METADATA").unlink()
     params, opt_state, key = small_state()
+    manager = checkpoint.checkpoint_manager(tmp_path, keep_last=4)
     with pytest.warns(checkpoint.BrokenCheckpointWarning) as caught:
-        restored = checkpoint.restore_latest(
-            checkpoint.checkpoint_manager(tmp_path, keep_last=4), key, params, opt_state
-        )
+        restored = checkpoint.restore_latest(manager, key, params, opt_state)
+    manager.close()
     messages = [str(w.message) for w in caught if w.category is checkpoint.BrokenCheckpointWarning]
     assert [m.split(" is broken")[0] for m in messages] == [
         f"checkpoint step {s}" for s in (4, 3, 2)

@@ -95,6 +95,7 @@ def trace_spans(
 
 
 def _trace_once(run: Callable[[], Any], log_dir: str | pathlib.Path | None) -> list[Span]:
+    """One trace of `run()`, read back as spans: the XSpace file `jax.profiler.trace` wrote."""
     options = jax.profiler.ProfileOptions()
     options.python_tracer_level = 0  # every Python call would be an event otherwise
     with tempfile.TemporaryDirectory() as tmp:
