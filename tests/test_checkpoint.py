@@ -252,6 +252,9 @@ def test_checkpoint_from_8_devices_restores_onto_4(tmp_path):
     assert saving.returncode == 0 and restoring.returncode == 0
     assert saved["devices"] == 8 and restored["devices"] == 4
     assert max(saved["shards"].values()) == 8 and max(restored["shards"].values()) == 4
+    # Split where the devices divide an axis; the 10-value output bias is copied on each.
+    for report in (saved, restored):
+        assert report["split"]["params.dense_0.w"] and not report["split"]["params.dense_2.b"]
     four = np.load(tmp_path / "4.npz")
     params = checkpoint_worker.experiment("mlp").init()[0]
     reference = checkpoint_worker.flat_arrays({"params": params})

@@ -234,11 +234,12 @@ def main(argv=None) -> int:
         else:
             state = checkpoint.restore_latest(manager, key, params, opt_state)._asdict()
             state = {"params": state["params"]}
-        shards = {
-            name: len(leaf.addressable_shards)
-            for name, leaf in zip(checkpoint.tree_paths(state), jax.tree.leaves(state))
-        }
-        print(json.dumps({"devices": jax.device_count(), "shards": shards}), flush=True)
+        named = list(zip(checkpoint.tree_paths(state), jax.tree.leaves(state)))
+        shards = {name: len(leaf.addressable_shards) for name, leaf in named}
+        # split: each device holds a piece of the array, not a copy of all of it
+        split = {name: leaf.sharding.shard_shape(leaf.shape) != leaf.shape for name, leaf in named}
+        report = {"devices": jax.device_count(), "shards": shards, "split": split}
+        print(json.dumps(report), flush=True)
     if args.out is not None:
         np.savez(args.out, **flat_arrays(state))
     return 0
