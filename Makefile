@@ -74,7 +74,7 @@ $(VENV)/.lint-installed: requirements-lint.txt $(VENV)/.installed
 # One chapter, executed in the terminal: `make chapter N=05` writes _build/chapters/05_*.ipynb.
 chapter: venv
 	@test -n "$(N)" || { echo "usage: make chapter N=05 (the number of a chapter in book/)"; exit 1; }
-	env -u MPLBACKEND $(BIN)/python scripts/run_chapter.py $(N) --out _build/chapters
+	env -u MPLBACKEND JAXLOOPS_STRICT=1 $(BIN)/python scripts/run_chapter.py $(N) --out _build/chapters
 
 # JupyterLab on the project's environment: open any book/*.md as a notebook (jupytext).
 lab: $(VENV)/.lab-installed
@@ -89,7 +89,7 @@ book: venv mathjax
 	# MPLBACKEND=Agg in the environment would stop figures from reaching the pages: unset it.
 	# JAXLOOPS_ROOFLINE: the first chapter that needs the roofline measures it; the rest read it.
 	# JAX_DEFAULT_MATMUL_PRECISION=highest: float32 means float32 (not TF32 on NVIDIA GPUs).
-	env -u MPLBACKEND JAXLOOPS_ROOFLINE=$(CURDIR)/_build/roofline.json \
+	env -u MPLBACKEND JAXLOOPS_STRICT=1 JAXLOOPS_ROOFLINE=$(CURDIR)/_build/roofline.json \
 	  XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest \
 	  $(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 	@echo "Open _build/html/index.html in a browser."

@@ -1,6 +1,7 @@
 """Measuring: honest timing, throughput, attention sweeps, the roofline, and machine facts."""
 
 from jaxloops.measure import gpu_report as gpu_report  # a module: measure.gpu_report.sidebar
+from jaxloops.measure.check import PageCheckWarning, check, strict
 from jaxloops.measure.kernels import (
     attention_fn,
     attention_with_fallback,
@@ -63,6 +64,7 @@ __all__ = (
     "blockwise_tile_parts",
     "busy_seconds",
     "causal_sweep",
+    "check",
     "compile_in_fresh_process",
     "compiled_costs",
     "compiled_flops",
@@ -89,6 +91,7 @@ __all__ = (
     "numerics_table",
     "overlap_drivers",
     "overlap_seconds",
+    "PageCheckWarning",
     "predicted_step_seconds",
     "random_batches",
     "random_cache",
@@ -100,6 +103,7 @@ __all__ = (
     "run_label",
     "scan_throughput",
     "Span",
+    "strict",
     "time_call",
     "time_dispatch",
     "trace_spans",

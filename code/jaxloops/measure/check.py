@@ -1,0 +1,37 @@
+"""A page's checks: they stop the book's build, and only warn in a reader's own run.
+
+A chapter asserts every claim it makes, so a build that contradicts its prose fails. A reader
+who edits a cell ("multiply the weights by 10") changes the numbers on purpose: their run
+should say which claim no longer holds and carry on. `make book` and `make chapter` set
+JAXLOOPS_STRICT=1; a notebook opened anywhere else is not strict.
+"""
+
+import os
+import warnings
+
+STRICT_ENV = "JAXLOOPS_STRICT"
+
+
+class PageCheckWarning(UserWarning):
+    """A claim of the page that this run's numbers do not support."""
+
+
+def strict() -> bool:
+    """True while the book (or `make chapter`) is being built: failed checks raise."""
+    return os.environ.get(STRICT_ENV, "") == "1"
+
+
+def check(condition, message: str) -> bool:
+    """Checks one claim of a page: raises AssertionError(message) when strict, else warns.
+
+    Returns:
+      bool(condition), so a reader's cell can branch on it.
+    """
+    holds = bool(condition)
+    if not holds:
+        if strict():
+            raise AssertionError(message)
+        warnings.warn(
+            f"this run does not support the page's claim: {message}", PageCheckWarning, stacklevel=2
+        )
+    return holds
