@@ -2,6 +2,13 @@
 
 from jaxloops.measure import gpu_report as gpu_report  # a module: measure.gpu_report.sidebar
 from jaxloops.measure.check import PageCheckWarning, check, strict
+from jaxloops.measure.compiled import (
+    collectives,
+    compiled_costs,
+    compiled_flops,
+    compiled_fusions,
+    loop_copies,
+)
 from jaxloops.measure.kernels import (
     attention_fn,
     attention_with_fallback,
@@ -23,10 +30,7 @@ from jaxloops.measure.sweeps import (
     attention_sweep,
     blockwise_tile_parts,
     causal_sweep,
-    compiled_costs,
-    compiled_fusions,
     decode_sweep,
-    loop_copies,
     markdown_table,
     naive_attention_parts,
     numerics_table,
@@ -46,12 +50,9 @@ from jaxloops.measure.timing import (
     CompileLog,
     allocated_bytes,
     compile_in_fresh_process,
-    compiled_flops,
-    compiled_temp_bytes,
     count_compiles,
     interleaved_samples,
     interleaved_seconds,
-    matmul_throughput,
     time_call,
     time_dispatch,
 )
@@ -65,11 +66,11 @@ __all__ = (
     "busy_seconds",
     "causal_sweep",
     "check",
+    "collectives",
     "compile_in_fresh_process",
     "compiled_costs",
     "compiled_flops",
     "compiled_fusions",
-    "compiled_temp_bytes",
     "CompileLog",
     "count_compiles",
     "decode_sweep",
@@ -85,7 +86,6 @@ __all__ = (
     "loop_copies",
     "machine_facts",
     "markdown_table",
-    "matmul_throughput",
     "measure_roofline",
     "naive_attention_parts",
     "numerics_table",

@@ -13,6 +13,7 @@ import numpy as np
 
 from jaxloops.attention import attention
 from jaxloops.blockwise import blockwise_attention
+from jaxloops.measure.compiled import calls_target, compile_call
 
 IMPLEMENTATIONS = ("naive", "xla", "blockwise", "cudnn")
 # Prefix of the custom-call targets of cuDNN's fused attention, e.g. "__cudnn$fmhaSoftmax"
@@ -54,7 +55,7 @@ def uses_cudnn_kernel(fn: Callable, *args) -> bool:
     The compiled program, not the lowered one: it is what runs, and under several devices
     the lowered call hides behind a partitioning wrapper.
     """
-    return CUDNN_FMHA_TARGET in jax.jit(fn).lower(*args).compile().as_text()
+    return calls_target(compile_call(fn, *args), CUDNN_FMHA_TARGET)
 
 
 def _missing_kernel_error(fn: Callable, *args) -> str:

@@ -7,7 +7,6 @@ untimed call of its own, block_until_ready, median); none is a test.
 
 import functools
 import math
-import re
 import statistics
 
 import jax
@@ -23,6 +22,7 @@ from jaxloops.blockwise import (
     tile_scores,
 )
 from jaxloops.kvcache import decode_attention
+from jaxloops.measure.compiled import compiled_costs
 from jaxloops.measure.kernels import attention_fn, run_attention
 from jaxloops.measure.timing import interleaved_samples
 
@@ -72,26 +72,6 @@ def random_qkv(
         rng.standard_normal((batch, length, n, head_dim), np.float32), dtype
     )
     return draw(heads), draw(kv_heads), draw(kv_heads)
-
-
-def compiled_costs(fn, *args) -> dict:
-    """What XLA says about one compiled call of `jax.jit(fn)(*args)`, from a single compile.
-
-    Returns:
-      flops, bytes_accessed and transcendentals (exponentials, logs...) from the cost
-      analysis (a loop body is counted once, not once per trip)
-      and temp_bytes (memory analysis: the scratch the program allocates).
-    """
-    compiled = jax.jit(fn).lower(*args).compile()
-    cost = compiled.cost_analysis()
-    if isinstance(cost, (list, tuple)):  # older jax returned one dict per device
-        cost = cost[0]
-    return {
-        "flops": float(cost.get("flops", 0.0)),
-        "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
-        "transcendentals": float(cost.get("transcendentals", 0.0)),
-        "temp_bytes": int(compiled.memory_analysis().temp_size_in_bytes),
-    }
 
 
 def attention_sweep(
@@ -198,76 +178,6 @@ def _timed_parts(parts: dict, repeats: int) -> list[dict]:
         row["samples"] = samples[row["part"]]
         row["seconds"] = statistics.median(row["samples"])
     return rows
-
-
-_HLO_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?(\S+) = \S+ ([\w-]+)\(")
-_HLO_FUSION = re.compile(r"^\s*(?:ROOT )?%?(\S+) = (\S+) fusion\(.*kind=(\w+), calls=%?([\w.-]+)")
-_HLO_COPY = re.compile(r"^\s*(?:ROOT )?%?\S+ = \w+\[([\d,]*)\]\S* copy\(")
-_BOOKKEEPING = {"parameter", "constant", "bitcast", "broadcast", "tuple", "get-tuple-element"}
-
-
-def _hlo_lines(text: str):
-    """(computation, line) for each instruction line of compiled HLO text; the entry
-    computation is named "ENTRY"."""
-    computation = None
-    for line in text.splitlines():
-        if line and not line[0].isspace() and "{" in line:  # a computation begins
-            computation = "ENTRY" if line.startswith("ENTRY") else line.split()[0].lstrip("%")
-        elif computation is not None:
-            yield computation, line
-
-
-def _loop_computations(text: str) -> set[str]:
-    """Names of the computations a while loop runs on every trip (its body and condition)."""
-    return set(re.findall(r"(?:body|condition)=%?([\w.-]+)", text))
-
-
-def compiled_fusions(fn, *args) -> list[dict]:
-    """The fusions of the compiled program of `jax.jit(fn)(*args)`, read from its HLO text.
-
-    Returns:
-      One row per fusion: name, kind (XLA's kLoop, kInput, kOutput, or kCustom for a
-      library call such as a matmul), shape of its result, where it runs ("once", or
-      "loop" inside a while body) and the operations fused into it.
-    """
-    text = jax.jit(fn).lower(*args).compile().as_text()
-    ops, fusions = {}, []
-    for computation, line in _hlo_lines(text):
-        fusion = _HLO_FUSION.match(line)
-        if fusion:
-            fusions.append((computation, *fusion.groups()))
-        instruction = _HLO_INSTRUCTION.match(line)
-        if instruction:
-            ops.setdefault(computation, []).append(instruction.group(2))
-    loop_bodies = _loop_computations(text)
-    return [
-        {
-            "fusion": name,
-            "kind": kind,
-            "shape": shape.split("{")[0],
-            "runs": "once" if where == "ENTRY" else "loop" if where in loop_bodies else where,
-            "ops": ", ".join(sorted(set(ops.get(called, [])) - _BOOKKEEPING)),
-        }
-        for where, name, shape, kind, called in fusions
-    ]
-
-
-def loop_copies(compiled, elements: int) -> int:
-    """`copy` instructions, inside the while-loop bodies of a compiled program, whose result
-    has `elements` elements: a loop that writes its carry in place copies none of it.
-
-    Args:
-      compiled: what `jax.jit(f).lower(...).compile()` returns.
-      elements: the size of the carried array looked for (for a cache, B * K * S * H).
-    """
-    text = compiled.as_text()
-    in_loop = _loop_computations(text)
-    count = 0
-    for computation, line in _hlo_lines(text):
-        copy = _HLO_COPY.match(line)
-        if copy and computation in in_loop:
-            count += math.prod(int(d) for d in copy.group(1).split(",") if d) == elements
-    return count
 
 
 def blockwise_tile_parts(

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 
 from jaxloops.data import Batch, epoch_batches
 from jaxloops.loop import fit, make_epoch, python_loop, unstack
+from jaxloops.measure.compiled import costs_of
 from jaxloops.measure.profile import HOST_WORK
 from jaxloops.measure.timing import interleaved_seconds, time_call
 
@@ -31,9 +32,7 @@ def scan_throughput(
     """
     steps, batch_size = batches.x.shape[:2]
     compiled = jax.jit(make_epoch(train_step)).lower(params, opt_state, batches).compile()
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    flops_per_step = float(cost["flops"])
+    flops_per_step = costs_of(compiled)["flops"]
     seconds = time_call(compiled, params, opt_state, batches, repeats=repeats)
     return {
         "batch_size": int(batch_size),

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 # The event JAX records once per XLA compilation (jax/_src/dispatch.py).
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -91,30 +90,6 @@ def count_compiles():
         yield log
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
-
-
-def compiled_flops(fn: Callable[..., Any], *args) -> float:
-    """FLOPs of one call of `jax.jit(fn)(*args)`, from XLA's cost analysis."""
-    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
-    if isinstance(cost, (list, tuple)):  # older jax returned one dict per device
-        cost = cost[0]
-    return float(cost.get("flops", 0.0))
-
-
-def compiled_temp_bytes(fn: Callable[..., Any], *args) -> int:
-    """Temporary (scratch) bytes the compiled program of `jax.jit(fn)(*args)` allocates."""
-    stats = jax.jit(fn).lower(*args).compile().memory_analysis()
-    return int(stats.temp_size_in_bytes)
-
-
-def matmul_throughput(key: jax.Array, size: int, dtype=jnp.float32, repeats: int = 7) -> float:
-    """Measured FLOP/s of one (size x size) @ (size x size) matmul: the ceiling to compare to."""
-    a_key, b_key = jax.random.split(key)
-    a = jax.random.normal(a_key, (size, size), dtype)
-    b = jax.random.normal(b_key, (size, size), dtype)
-    matmul = jax.jit(jnp.matmul)
-    seconds = time_call(matmul, a, b, repeats=repeats)
-    return 2.0 * size**3 / seconds
 
 
 def allocated_bytes(tree) -> int:

@@ -1,0 +1,177 @@
+"""What XLA says about a compiled program, read in one place.
+
+Everything the book learns from a compiled program comes from here: its cost (FLOPs, bytes,
+transcendentals) and scratch memory, its fusions, the copies its loop bodies make, its
+collectives, and whether it calls a library kernel such as cuDNN's fused attention. Each reader
+takes the compiled program, `jax.jit(f).lower(*args).compile()`, or, for the common case, the
+function and its arguments (`compiled_costs(f, *args)`), which compiles once.
+
+The compiled program, not the lowered one: it is what runs. Loop bodies are counted once by
+XLA's cost analysis, not once per trip.
+"""
+
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+
+def compile_call(fn: Callable[..., Any], *args) -> jax.stages.Compiled:
+    """The compiled program of `jax.jit(fn)(*args)` (fn may already be jitted)."""
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    return jitted.lower(*args).compile()
+
+
+def costs_of(compiled: jax.stages.Compiled) -> dict:
+    """flops, bytes_accessed, transcendentals (cost analysis) and temp_bytes (memory
+    analysis: the scratch the program allocates) of one compiled program."""
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jax returned one dict per device
+        cost = cost[0]
+    cost = cost or {}
+    memory = compiled.memory_analysis()
+    return {
+        "flops": float(cost.get("flops", 0.0)),
+        "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+        "transcendentals": float(cost.get("transcendentals", 0.0)),
+        "temp_bytes": int(memory.temp_size_in_bytes) if memory is not None else 0,
+    }
+
+
+def compiled_costs(fn: Callable[..., Any], *args) -> dict:
+    """`costs_of` the compiled program of `jax.jit(fn)(*args)`, from a single compile."""
+    return costs_of(compile_call(fn, *args))
+
+
+def compiled_flops(fn: Callable[..., Any], *args) -> float:
+    """FLOPs of one call of `jax.jit(fn)(*args)`, from XLA's cost analysis."""
+    return compiled_costs(fn, *args)["flops"]
+
+
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?(\S+) = \S+ ([\w-]+)\(")
+_FUSION = re.compile(r"^\s*(?:ROOT )?%?(\S+) = (\S+) fusion\(.*kind=(\w+), calls=%?([\w.-]+)")
+_COPY = re.compile(r"^\s*(?:ROOT )?%?\S+ = \w+\[([\d,]*)\]\S* copy\(")
+_COLLECTIVE = re.compile(
+    r"= (\([^)]*\)|\w+\[[\d,]*\][^ ]*) (all-reduce|all-gather|reduce-scatter|all-to-all|"
+    r"collective-permute)(?:-start)?\("
+)
+_SHAPE = re.compile(r"(\w+)\[([\d,]*)\]")
+_BOOKKEEPING = {"parameter", "constant", "bitcast", "broadcast", "tuple", "get-tuple-element"}
+
+
+def _text(program) -> str:
+    return program if isinstance(program, str) else program.as_text()
+
+
+def _hlo_lines(text: str):
+    """(computation, line) for each instruction line of compiled HLO text; the entry
+    computation is named "ENTRY"."""
+    computation = None
+    for line in text.splitlines():
+        if line and not line[0].isspace() and "{" in line:  # a computation begins
+            computation = "ENTRY" if line.startswith("ENTRY") else line.split()[0].lstrip("%")
+        elif computation is not None:
+            yield computation, line
+
+
+def _loop_computations(text: str) -> set[str]:
+    """Names of the computations a while loop runs on every trip (its body and condition)."""
+    return set(re.findall(r"(?:body|condition)=%?([\w.-]+)", text))
+
+
+def _dims(dims: str) -> tuple[int, ...]:
+    return tuple(int(d) for d in dims.split(",") if d)
+
+
+def fusions_of(program) -> list[dict]:
+    """The fusions of a compiled program (or its HLO text).
+
+    Returns:
+      One row per fusion: name; kind (XLA's kLoop, kInput, kOutput, or kCustom for a library
+      call such as a matmul); shape of its result (e.g. "f32[4,128,128]") and its dims as a
+      tuple, with elements their product; where it runs ("once", or "loop" inside a while
+      body); and the operations fused into it.
+    """
+    text = _text(program)
+    ops, fusions = {}, []
+    for computation, line in _hlo_lines(text):
+        fusion = _FUSION.match(line)
+        if fusion:
+            fusions.append((computation, *fusion.groups()))
+        instruction = _INSTRUCTION.match(line)
+        if instruction:
+            ops.setdefault(computation, []).append(instruction.group(2))
+    loop_bodies = _loop_computations(text)
+    rows = []
+    for where, name, shape, kind, called in fusions:
+        shape = shape.split("{")[0]
+        match = _SHAPE.match(shape)
+        dims = _dims(match.group(2)) if match else ()
+        rows.append(
+            {
+                "fusion": name,
+                "kind": kind,
+                "shape": shape,
+                "dims": dims,
+                "elements": math.prod(dims) if match else 0,
+                "runs": "once" if where == "ENTRY" else "loop" if where in loop_bodies else where,
+                "ops": ", ".join(sorted(set(ops.get(called, [])) - _BOOKKEEPING)),
+            }
+        )
+    return rows
+
+
+def compiled_fusions(fn: Callable[..., Any], *args) -> list[dict]:
+    """`fusions_of` the compiled program of `jax.jit(fn)(*args)`."""
+    return fusions_of(compile_call(fn, *args))
+
+
+def loop_copies(program, elements: int) -> int:
+    """`copy` instructions, inside the while-loop bodies of a compiled program (or its HLO
+    text), whose result has `elements` elements: a loop that writes its carry in place copies
+    none of it.
+
+    Args:
+      elements: the size of the carried array looked for (for a cache, B * K * S * H).
+    """
+    if elements < 1:
+        raise ValueError(f"elements must be >= 1, got {elements}")
+    text = _text(program)
+    in_loop = _loop_computations(text)
+    count = 0
+    for computation, line in _hlo_lines(text):
+        copy = _COPY.match(line)
+        if copy and computation in in_loop:
+            count += math.prod(_dims(copy.group(1))) == elements
+    return count
+
+
+def _dtype_bytes(dtype: str) -> int:
+    if dtype == "pred":
+        return 1
+    return int(re.sub(r"\D", "", dtype) or 32) // 8
+
+
+def collectives(program) -> dict[str, tuple[int, int]]:
+    """Collectives of a compiled program (or its HLO text): kind -> (ops, bytes of their
+    results on one device).
+
+    A tuple-shaped op (several arrays combined into one all-reduce) counts once, with the
+    bytes of all its arrays.
+    """
+    found: dict[str, tuple[int, int]] = {}
+    for result, kind in _COLLECTIVE.findall(_text(program)):
+        size = sum(
+            math.prod(_dims(dims)) * _dtype_bytes(dtype) for dtype, dims in _SHAPE.findall(result)
+        )
+        ops, total = found.get(kind, (0, 0))
+        found[kind] = (ops + 1, total + size)
+    return found
+
+
+def calls_target(program, target: str) -> bool:
+    """True if a compiled program (or its HLO text) calls the custom-call `target`, e.g.
+    cuDNN's fused attention, "__cudnn$fmha"."""
+    return target in _text(program)

@@ -1,0 +1,96 @@
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxloops
+from jaxloops import measure
+from jaxloops.measure import compiled
+
+
+def test_compiled_flops_of_a_matmul_is_2mnk():
+    m, k, n = 7, 11, 13
+    flops = measure.compiled_flops(jnp.matmul, jnp.ones((m, k)), jnp.ones((k, n)))
+    assert flops == pytest.approx(2 * m * n * k, rel=0.01)
+
+
+def test_compiled_costs_count_the_two_matmuls_of_naive_attention():
+    query, key_, value = measure.random_qkv(
+        jax.random.key(0), batch=1, length=32, heads=3, head_dim=8
+    )
+    costs = measure.compiled_costs(jaxloops.attention, query, key_, value)
+    matmuls = 4 * 1 * 3 * 32 * 32 * 8  # 2 FLOPs per multiply-add, two products of T x S x H
+    assert matmuls <= costs["flops"] <= 1.5 * matmuls
+    assert costs["temp_bytes"] >= 3 * 32 * 32 * 4  # one float32 (B, N, T, S) array at least
+    assert costs["bytes_accessed"] >= 3 * query.nbytes  # reads Q, K, V at least once
+    assert costs["transcendentals"] >= 3 * 32 * 32  # one exponential per score
+
+
+def test_a_jitted_function_is_compiled_as_it_is():
+    double = jax.jit(lambda x: 2 * x)
+    program = compiled.compile_call(double, jnp.ones(5))
+    assert isinstance(program, jax.stages.Compiled)
+    assert compiled.costs_of(program)["flops"] == pytest.approx(5, abs=1)
+
+
+def test_compiled_fusions_find_the_exponentials_and_the_loop_body():
+    query, key_, value = measure.random_qkv(
+        jax.random.key(0), batch=1, length=24, heads=3, head_dim=8
+    )
+    naive = measure.compiled_fusions(jaxloops.attention, query, key_, value)
+    assert any("exponential" in f["ops"] for f in naive)
+    assert all(f["runs"] == "once" for f in naive)  # no loop in naive attention
+    blockwise = measure.compiled_fusions(
+        functools.partial(jaxloops.blockwise_attention, block_size=8, parallel_blocks=1),
+        query,
+        key_,
+        value,
+    )
+    in_loop = [f for f in blockwise if f["runs"] == "loop"]
+    assert any("exponential" in f["ops"] for f in in_loop)  # the softmax runs once per tile
+
+
+def test_fusion_rows_carry_their_dims_and_elements():
+    hlo = (
+        "ENTRY %main (p: f32[3,5]) -> f32[3,5] {\n"
+        "  %p = f32[3,5]{1,0} parameter(0)\n"
+        "  ROOT %f = f32[3,5]{1,0} fusion(%p), kind=kLoop, calls=%fused\n"
+        "}\n"
+    )
+    (row,) = compiled.fusions_of(hlo)
+    assert row["shape"] == "f32[3,5]" and row["dims"] == (3, 5) and row["elements"] == 15
+    assert row["runs"] == "once" and row["kind"] == "kLoop"
+
+
+def test_collectives_parse_tuple_and_single_results():
+    hlo = (
+        "%a = (f32[3,5]{1,0}, f32[]) all-reduce(%x, %y), channel_id=1\n"
+        "%b = bf16[7]{0} all-gather(%z), dimensions={0}\n"
+        "%c = f32[11]{0} add(%p, %q)\n"
+    )
+    assert measure.collectives(hlo) == {"all-reduce": (1, 64), "all-gather": (1, 14)}
+
+
+def test_loop_copies_count_only_copies_of_the_given_size_inside_a_loop_body():
+    hlo = (
+        "%body (c: f32[7,3]) -> f32[7,3] {\n"
+        "  %c = f32[7,3]{1,0} parameter(0)\n"
+        "  ROOT %k = f32[7,3]{0,1} copy(%c)\n"
+        "}\n"
+        "ENTRY %main (x: f32[7,3]) -> f32[7,3] {\n"
+        "  %x = f32[7,3]{1,0} parameter(0)\n"
+        "  %y = f32[7,3]{0,1} copy(%x)\n"
+        "  ROOT %w = f32[7,3]{1,0} while(%y), condition=%cond, body=%body\n"
+        "}\n"
+    )
+    assert measure.loop_copies(hlo, 21) == 1  # the entry's copy runs once: not counted
+    assert measure.loop_copies(hlo, 22) == 0
+    with pytest.raises(ValueError, match="elements must be >= 1, got 0"):
+        measure.loop_copies(hlo, 0)
+
+
+def test_calls_target_finds_a_custom_call_by_name():
+    hlo = '%r = f32[2]{0} custom-call(%a), custom_call_target="__cudnn$fmhaSoftmax"\n'
+    assert compiled.calls_target(hlo, "__cudnn$fmha")
+    assert not compiled.calls_target(hlo, "__cublas$gemm")
