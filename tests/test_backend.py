@@ -19,7 +19,7 @@ def test_sizes_of_every_backend_are_consistent(backend):
     assert all(
         length % attn.block_size == 0 for length in attn.lengths if length >= attn.block_size
     )
-    assert set(attn.causal_lengths) <= set(attn.lengths) | set(attn.causal_lengths)
+    assert set(attn.causal_lengths) <= set(attn.lengths)
     assert attn.heads >= 1 and attn.head_dim >= 1 and attn.repeats >= 1
     assert lm.steps % lm.eval_every == 0
     # Chapter 10: MHA, GQA (K = N // 8) and MQA are three different K for the sweep's N.

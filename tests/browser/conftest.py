@@ -56,6 +56,7 @@ class Visit:
     images: list[dict]
     math: dict
     failed_fonts: list[str]
+    scrolling_code: list[str]  # code blocks whose lines are wider than the code column
 
 
 @dataclasses.dataclass
@@ -129,6 +130,14 @@ def settle(page, script: str) -> None:
     page.evaluate(script)
 
 
+# Code a reader reads (cell inputs and listings, not outputs) whose widest line does not fit
+# the page's code column: the reader would have to scroll it sideways. Each is named by its
+# first line.
+SCROLLING_CODE = """() => Array.from(document.querySelectorAll('div.highlight pre'))
+    .filter(p => !p.closest('.cell_output') && p.scrollWidth > p.clientWidth + 1)
+    .map(p => (p.textContent.split('\\n')[0] || '').slice(0, 80))"""
+
+
 def visit_page(context, url: str, screenshot: Path | None = None) -> Visit:
     """Loads `url`, waits for MathJax and the network to settle, and records what happened."""
     page = context.new_page()
@@ -166,6 +175,7 @@ def visit_page(context, url: str, screenshot: Path | None = None) -> Visit:
         failed_fonts = page.evaluate(
             "() => Array.from(document.fonts).filter(f => f.status === 'error').map(f => f.family)"
         )
+        scrolling_code = page.evaluate(SCROLLING_CODE)
         if screenshot is not None:
             page.screenshot(path=str(screenshot), full_page=True)
     finally:
@@ -186,6 +196,7 @@ def visit_page(context, url: str, screenshot: Path | None = None) -> Visit:
         images,
         math,
         failed_fonts,
+        scrolling_code,
     )
 
 

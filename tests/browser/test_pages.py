@@ -36,6 +36,11 @@ def test_fonts_load(visits, page_path):
     assert visits(page_path).failed_fonts == []
 
 
+def test_code_fits_the_code_column(visits, page_path):
+    """No listing or cell input scrolls sideways: the column fits the package's line length."""
+    assert visits(page_path).scrolling_code == []
+
+
 def test_chapters_have_math_and_figures(visits):
     """The checks above are not vacuous: the chapters do show typeset math and figures."""
     assert visits("book/05_train_step.html").math["typeset"] > 0
