@@ -21,6 +21,14 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # a test: the suite refuses implicit rank promotion (the package broadcasts explicitly).
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
+# `JAXLOOPS_ONE_DEFAULT_DEVICE=1 PYTHONPATH=tests/one_default_device pytest` runs the suite as
+# on a machine with one GPU (tests/one_default_device/sitecustomize.py): refuse to run
+# unsimulated when asked to simulate.
+if os.environ.get("JAXLOOPS_ONE_DEFAULT_DEVICE") == "1" and jax.device_count() != 1:
+    raise RuntimeError(
+        "JAXLOOPS_ONE_DEFAULT_DEVICE=1 without tests/one_default_device on PYTHONPATH"
+    )
+
 # Shared by the test modules (`from conftest import normal, SMALL_TRANSFORMER`): one copy.
 
 

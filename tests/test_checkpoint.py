@@ -1,4 +1,5 @@
 import concurrent.futures
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,9 +11,33 @@ import optax
 import pytest
 
 import jaxloops
-from jaxloops import checkpoint, checkpoint_worker
+from jaxloops import checkpoint, equivalence, workers
+from jaxloops.workers import checkpoint as checkpoint_worker
 
 EPOCHS, STOP, KILL = 3, 1, 2
+CPU = jax.devices("cpu")[0]  # where the runs live, here and in the CPU-pinned workers
+# Sized for a test (the chapter's runs are larger): the MLP of part `loop` with narrow hidden
+# layers, a transformer of part `lm`'s kind with odd, distinct widths, on few windows.
+_CPU_SIZES = jaxloops.experiment_sizes("cpu")
+SIZES = dataclasses.replace(
+    _CPU_SIZES,
+    loop=dataclasses.replace(_CPU_SIZES.loop, hidden=(24, 16), batch_size=128),
+    lm=dataclasses.replace(
+        _CPU_SIZES.lm,
+        layers=1,
+        model_dim=20,
+        heads=4,
+        kv_heads=2,
+        hidden_dim=36,
+        seq_len=16,
+        batch_size=8,
+    ),  # fmt: skip
+    checkpoint=dataclasses.replace(_CPU_SIZES.checkpoint, lm_text_bytes=2**14, lm_windows=24),
+)
+SIZES_ARG = (
+    "--sizes",
+    workers.sizes_json(loop=SIZES.loop, lm=SIZES.lm, checkpoint=SIZES.checkpoint),
+)
 
 
 def small_state(shift: float = 0.0):
@@ -150,8 +175,9 @@ def worker_cache(tmp_path_factory):
 def train_in_new_process(*args) -> subprocess.CompletedProcess:
     """Runs `checkpoint_worker train *args` in a new Python process, which must succeed."""
     finished = subprocess.run(
-        checkpoint_worker.worker_command("train", *args), capture_output=True, text=True
-    )
+        workers.command("checkpoint", "train", *args, *SIZES_ARG),
+        capture_output=True, text=True, env=workers.cpu_env(1),
+    )  # fmt: skip
     assert finished.returncode == 0, finished.stderr[-2000:]
     return finished
 
@@ -161,12 +187,15 @@ def mlp_runs(worker_cache, tmp_path_factory):
     """An MLP run stopped after STOP epochs here and one killed with SIGKILL after saving
     epoch KILL in another process, both resumed in one new process; and the uninterrupted run."""
     root = tmp_path_factory.mktemp("mlp")
-    run = checkpoint_worker.experiment("mlp")
-    command = checkpoint_worker.worker_command(
-        "train", f"mlp:{root / 'killed'}", "--epochs", EPOCHS, "--slow", 0.5
-    )
+    run = checkpoint_worker.experiment("mlp", SIZES, CPU)
+    command = workers.command(
+        "checkpoint", "train", f"mlp:{root / 'killed'}", "--epochs", EPOCHS, "--slow", 0.5,
+        *SIZES_ARG,
+    )  # fmt: skip
     with concurrent.futures.ThreadPoolExecutor() as pool:  # the killed run trains meanwhile
-        killing = pool.submit(checkpoint_worker.kill_after, command, f"mlp: saved epoch {KILL}")
+        killing = pool.submit(
+            checkpoint_worker.kill_after, command, f"mlp: saved epoch {KILL}", workers.cpu_env(1)
+        )
         manager = checkpoint.checkpoint_manager(root / "stopped", keep_last=2)
         jaxloops.fit(
             run.key, *run.init(), run.train_step, run.data, batch_size=run.batch_size,
@@ -185,7 +214,7 @@ def mlp_runs(worker_cache, tmp_path_factory):
     return dict(
         status=status, printed=printed, stdout=finished.stdout,
         final=dict(np.load(root / "final.npz")),
-        uninterrupted=checkpoint_worker.flat_arrays({"params": params, "opt_state": opt_state}),
+        uninterrupted=checkpoint.flat_arrays({"params": params, "opt_state": opt_state}),
     )  # fmt: skip
 
 
@@ -197,7 +226,7 @@ def transformer_runs(worker_cache, tmp_path_factory):
     run_args = f"transformer:{root / 'stopped'}", "--epochs", EPOCHS
     with concurrent.futures.ThreadPoolExecutor() as pool:
         stopping = pool.submit(train_in_new_process, *run_args, "--stop-at", STOP)
-        run = checkpoint_worker.experiment("transformer")
+        run = checkpoint_worker.experiment("transformer", SIZES, CPU)
         params, opt_state, _ = jaxloops.fit(
             run.key, *run.init(), run.train_step, run.data, batch_size=run.batch_size,
             epochs=EPOCHS, epochs_per_call=1,
@@ -206,7 +235,7 @@ def transformer_runs(worker_cache, tmp_path_factory):
     finished = train_in_new_process(*run_args, "--out", root / "final.npz")
     return dict(
         stdout=stopped.stdout + finished.stdout, final=dict(np.load(root / "final.npz")),
-        uninterrupted=checkpoint_worker.flat_arrays({"params": params, "opt_state": opt_state}),
+        uninterrupted=checkpoint.flat_arrays({"params": params, "opt_state": opt_state}),
     )  # fmt: skip
 
 
@@ -218,10 +247,9 @@ def test_resumed_run_equals_the_uninterrupted_run_bit_for_bit(request, runs, ind
     runs = request.getfixturevalue(runs)
     reference, final = runs["uninterrupted"], runs["final"]
     assert len(reference) > 5
-    names = sorted(name for name in final if name.startswith(f"{index}."))
-    assert names == sorted(f"{index}.{name}" for name in reference)
-    for name, value in reference.items():
-        np.testing.assert_array_equal(final[f"{index}.{name}"], value, err_msg=name)
+    prefix = f"{index}."
+    mine = {name[len(prefix) :]: value for name, value in final.items() if name.startswith(prefix)}
+    assert equivalence.differing(mine, reference) == []
 
 
 def test_the_stopped_transformer_started_fresh_and_resumed_where_it_stopped(transformer_runs):
@@ -240,14 +268,16 @@ def test_the_killed_run_was_killed_and_resumed_from_its_checkpoint(mlp_runs):
 
 def test_checkpoint_from_8_devices_restores_onto_4(tmp_path):
     """The restoring process starts with the saving one and waits for a complete step."""
-    start = lambda *args: subprocess.Popen(
-        checkpoint_worker.worker_command(*args), stdout=subprocess.PIPE, text=True
-    )
-    saving = start("mesh-save", tmp_path / "ckpt", "--devices", 8)
+
+    def start(*args, devices):
+        command = workers.command("checkpoint", *args, "--devices", devices, *SIZES_ARG)
+        env = workers.cpu_env(devices)  # CPU devices, whatever the default backend here
+        return subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+
+    saving = start("mesh-save", tmp_path / "ckpt", devices=8)
     restoring = start(
-        "mesh-restore", tmp_path / "ckpt", "--devices", 4, "--wait", 120,
-        "--out", tmp_path / "4.npz",
-    )  # fmt: skip
+        "mesh-restore", tmp_path / "ckpt", "--wait", 120, "--out", tmp_path / "4.npz", devices=4
+    )
     saved, restored = (json.loads(process.communicate()[0]) for process in (saving, restoring))
     assert saving.returncode == 0 and restoring.returncode == 0
     assert saved["devices"] == 8 and restored["devices"] == 4
@@ -256,13 +286,61 @@ def test_checkpoint_from_8_devices_restores_onto_4(tmp_path):
     for report in (saved, restored):
         assert report["split"]["params.dense_0.w"] and not report["split"]["params.dense_2.b"]
     four = np.load(tmp_path / "4.npz")
-    params = checkpoint_worker.experiment("mlp").init()[0]
-    reference = checkpoint_worker.flat_arrays({"params": params})
-    assert sorted(four.files) == sorted(reference)
-    for name, value in reference.items():
-        np.testing.assert_array_equal(four[name], value, err_msg=name)
+    params = checkpoint_worker.experiment("mlp", SIZES, CPU).init()[0]
+    reference = checkpoint.flat_arrays({"params": params})
+    assert equivalence.differing(dict(four), reference) == []
 
 
 def test_unknown_model_is_named():
     with pytest.raises(ValueError, match="'resnet'"):
-        checkpoint_worker.experiment("resnet")
+        checkpoint_worker.experiment("resnet", SIZES, CPU)
+
+
+@pytest.fixture(scope="module")
+def resumed_here(tmp_path_factory):
+    """The MLP stopped after STOP epochs and resumed in this process, right and wrong."""
+    root = tmp_path_factory.mktemp("here")
+    run = checkpoint_worker.experiment("mlp", SIZES, CPU)
+    train = lambda key, state, **kw: jaxloops.fit(
+        key, *state, run.train_step, run.data, batch_size=run.batch_size, epochs_per_call=1, **kw
+    )
+    reference = train(run.key, run.init(), epochs=EPOCHS)[:2]
+    manager = checkpoint.checkpoint_manager(root, keep_last=2)
+    train(run.key, run.init(), epochs=STOP, hook=checkpoint.checkpoint_hook(manager, run.key))
+    manager.wait_until_finished()
+    back = checkpoint.restore_latest(manager, run.key, *jax.eval_shape(run.init))
+    fresh_opt_state = run.init()[1]
+    copy = lambda tree: jax.tree.map(jnp.copy, tree)  # fit donates what it is given
+    resumed = {
+        "right": train(back.key, copy((back.params, back.opt_state)), epochs=EPOCHS,
+                       start_epoch=back.epoch),
+        # epoch e trained on epoch e + 1's order: the data order off by one
+        "order": train(back.key, copy((back.params, back.opt_state)), epochs=EPOCHS + 1,
+                       start_epoch=back.epoch + 1),
+        # the optimizer state not restored: Adam's moments and count of a fresh run
+        "stale": train(back.key, (copy(back.params), fresh_opt_state), epochs=EPOCHS,
+                       start_epoch=back.epoch),
+    }  # fmt: skip
+    as_flat = lambda state: checkpoint.flat_arrays(dict(zip(("params", "opt_state"), state[:2])))
+    return as_flat(reference), {name: as_flat(state) for name, state in resumed.items()}
+
+
+def test_a_resume_in_this_process_is_identical(resumed_here):
+    reference, resumed = resumed_here
+    assert equivalence.differing(resumed["right"], reference) == []
+
+
+@pytest.mark.parametrize("mutant", ["order", "stale"])
+def test_the_identity_check_rejects_a_wrong_resume(resumed_here, mutant):
+    """An off-by-one data order, or a stale optimizer state, changes every parameter."""
+    reference, resumed = resumed_here
+    wrong = equivalence.differing(resumed[mutant], reference)
+    assert {"params.dense_0.w", "opt_state.0.mu.dense_0.w"} <= set(wrong), wrong
+
+
+def test_differing_names_missing_and_retyped_arrays():
+    a = {"w": np.zeros(3, np.float32), "b": np.ones(2, np.float32)}
+    assert equivalence.differing(a, dict(a)) == []
+    assert equivalence.differing(a, {"w": a["w"]}) == ["b"]
+    assert equivalence.differing(a, {**a, "w": a["w"].astype(np.float64)}) == ["w"]
+    assert equivalence.differing(a, {**a, "w": np.nextafter(a["w"], 1)}) == ["w"]

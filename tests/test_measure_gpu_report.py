@@ -125,3 +125,37 @@ def test_attention_flops_and_bytes_formulas():
     assert fused == 4 * 3 * 7 * 5 * 11 * 2
     unfused = gpu_report.attention_bytes(**shape, itemsize=2, materialised=True)
     assert unfused == fused + 2 * 3 * 5 * 7 * 7 * 2
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_the_default_results_path_is_the_one_the_readme_names():
+    assert gpu_report.RECORDED_RESULTS == ROOT / "results" / "gpu" / "results.json"
+    readme = (ROOT / "README.md").read_text()
+    assert "`results/gpu/results.json`" in readme
+    assert (ROOT / "results" / "gpu").is_dir()  # where results/gpu/README.md says to put it
+
+
+def test_a_file_at_the_default_path_renders_in_the_appendix(tmp_path, monkeypatch):
+    """The appendix loads the default path and renders its tables: placed in a copy of the
+    repository's layout (results/gpu/results.json), the sample run shows in every table."""
+    placed = tmp_path / "results" / "gpu" / "results.json"
+    placed.parent.mkdir(parents=True)
+    placed.write_text(SAMPLE.read_text())
+    monkeypatch.setattr(gpu_report, "RECORDED_RESULTS", placed)
+    results = gpu_report.load_results()  # the default path, as book/gpu_appendix.md calls it
+    assert results == sample()
+    tables = gpu_report.appendix_tables(results)
+    order = ["facts", "stages", "ceilings", "goals", "attention", "causal", "mlp"]
+    assert list(tables) == [name for name in order if name != "causal" or results["causal"]]
+    assert results["facts"]["device_kind"] in tables["facts"]
+    for name in ("attention", "mlp"):  # one table row per recorded row, below the header
+        assert tables[name].count("\n") == len(results[name]) + 1, tables[name]
+    appendix = (ROOT / "book" / "gpu_appendix.md").read_text()
+    assert "gpu_report.load_results()" in appendix and "gpu_report.appendix_tables(" in appendix
+
+
+def test_an_absent_default_path_renders_the_statement(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_report, "RECORDED_RESULTS", tmp_path / "results" / "gpu" / "x.json")
+    assert gpu_report.load_results() is None

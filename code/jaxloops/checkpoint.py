@@ -12,6 +12,7 @@ import warnings
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
@@ -152,19 +153,43 @@ def report_broken(manager: ocp.CheckpointManager, step: int, error: Exception) -
     )
 
 
+def leaf_name(path) -> str:
+    """A leaf's path in a tree as one name: ('params', 'dense_0', 'w') -> 'params.dense_0.w'."""
+    return ".".join(
+        str(getattr(part, "key", getattr(part, "idx", getattr(part, "name", part))))
+        for part in path
+    )
+
+
 def tree_paths(tree) -> dict[str, tuple[tuple[int, ...], str]]:
     """'params.dense_0.w' -> (shape, dtype) for every leaf; typed keys as their key data."""
     leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
     out = {}
     for path, leaf in leaves:
-        name = ".".join(
-            str(getattr(part, "key", getattr(part, "idx", getattr(part, "name", part))))
-            for part in path
-        )
         if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             leaf = jax.eval_shape(jax.random.key_data, leaf)
-        out[name] = (tuple(leaf.shape), str(leaf.dtype))
+        out[leaf_name(path)] = (tuple(leaf.shape), str(leaf.dtype))
     return out
+
+
+def flat_arrays(tree) -> dict[str, np.ndarray]:
+    """Every leaf on the host, named as in `tree_paths`; typed keys as their key data.
+
+    A leaf split over devices is gathered whole; under several processes a leaf must be
+    replicated (each process then holds all of it).
+    """
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {leaf_name(path): _on_host(leaf_name(path), leaf) for path, leaf in leaves}
+
+
+def _on_host(name: str, leaf) -> np.ndarray:
+    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        leaf = jax.random.key_data(leaf)
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+        if not leaf.sharding.is_fully_replicated:
+            raise ValueError(f"{name} is split over processes; this process holds part of it")
+        leaf = leaf.addressable_data(0)
+    return np.asarray(leaf)
 
 
 def check_structure(saved, target, step: int) -> None:

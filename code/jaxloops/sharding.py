@@ -15,7 +15,6 @@ plus a sharding constraint on the batch, not a second train step.
 import re
 import socket
 import subprocess
-import sys
 from collections.abc import Callable
 
 import jax
@@ -30,14 +29,16 @@ from jaxloops.train import make_optimizer, make_train_step
 DATA = "data"  # the mesh axis the batch (and, for FSDP, the parameters) is split over
 
 
-def data_mesh(num_devices: int, *, devices=None, explicit: bool = False) -> Mesh:
-    """A one-axis mesh ("data",) over the first `num_devices` devices.
+def data_mesh(num_devices: int, devices, *, explicit: bool = False) -> Mesh:
+    """A one-axis mesh ("data",) over the first `num_devices` of `devices`.
 
     Args:
-      devices: the devices to use (default: `jax.devices()`, all processes' devices).
+      devices: the devices to choose from, always named by the caller: `jax.devices("cpu")`
+        for simulated CPU devices, `jax.devices()` for the default backend's (under
+        `jax.distributed`, all processes' devices).
       explicit: Explicit axis type (shardings are part of `jax.typeof`) instead of Auto.
     """
-    devices = jax.devices() if devices is None else list(devices)
+    devices = list(devices)
     if not 0 < num_devices <= len(devices):
         raise ValueError(
             f"a mesh of {num_devices} devices needs {num_devices} devices; "
@@ -181,7 +182,11 @@ def fit_data_parallel(key, mesh: Mesh, train_local, examples: int, sizes):
       (params, opt_state, History), the state replicated on every device of `mesh`.
     """
     init_key, data_key = jax.random.split(key)
-    params = jax.device_get(init_mlp(init_key, (64, *sizes.hidden, 10)))  # same on every process
+    # Initialised on a device of the mesh, so on every process and in every kernel with the
+    # same backend's arithmetic (another backend may round the normal draws differently).
+    local = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
+    with jax.default_device(local):
+        params = jax.device_get(init_mlp(init_key, (64, *sizes.hidden, 10)))
     optimizer = make_optimizer(sizes.learning_rate, sizes.weight_decay)
     param_specs = strategy_specs(params, "dp", mesh)
     opt_specs = strategy_specs(jax.eval_shape(optimizer.init, params), "dp", mesh)
@@ -241,29 +246,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_processes(out_dir, *, num_processes: int, devices_per_process: int, epochs: int):
-    """Launches `python -m jaxloops.sharding_worker` once per process on localhost.
+def run_processes(out_dir, *, num_processes: int, devices_per_process: int, sizes):
+    """Launches `python -m jaxloops.workers.sharding` once per process on localhost.
 
-    Each worker starts JAX with `devices_per_process` CPU devices, joins the others through
-    `jax.distributed.initialize`, trains data parallel with `fit` and process 0 writes the
-    parameters to `out_dir/params.npz`. Returns those parameters as a dict of NumPy arrays.
+    Each worker starts JAX on the CPU with `devices_per_process` devices, joins the others
+    through `jax.distributed.initialize`, trains data parallel with `fit` at `sizes` (a
+    `ShardingSizes`) and process 0 writes the parameters to `out_dir/params.npz`.
+
+    Returns:
+      Those parameters, named as `checkpoint.flat_arrays` names them, and "loss" per epoch.
     """
-    port = _free_port()
-    common = [f"--port={port}", f"--processes={num_processes}"]
-    common += [f"--devices={devices_per_process}", f"--epochs={epochs}", f"--out={out_dir}"]
-    workers = [
+    from jaxloops import workers  # the workers build on this module
+
+    port, part = _free_port(), workers.sizes_json(sharding=sizes)
+    common = [f"--port={port}", f"--processes={num_processes}", f"--sizes={part}"]
+    common += [f"--devices={devices_per_process}", f"--out={out_dir}"]
+    env = workers.cpu_env(devices_per_process)
+    processes = [
         subprocess.Popen(
-            [sys.executable, "-m", "jaxloops.sharding_worker", f"--process={i}", *common],
+            workers.command("sharding", f"--process={i}", *common),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            env=env,
         )
         for i in range(num_processes)
     ]
-    logs = [w.communicate(timeout=300)[0] for w in workers]
-    for i, (w, log) in enumerate(zip(workers, logs)):
-        if w.returncode:
-            raise RuntimeError(f"process {i} exited with {w.returncode}:\n{log[-3000:]}")
+    logs = [p.communicate(timeout=300)[0] for p in processes]
+    for i, (p, log) in enumerate(zip(processes, logs)):
+        if p.returncode:
+            raise RuntimeError(f"process {i} exited with {p.returncode}:\n{log[-3000:]}")
     with np.load(f"{out_dir}/params.npz") as f:
         return dict(f)
 

@@ -94,13 +94,16 @@ def _row_name(row: dict) -> str:
     return " ".join(str(row[k]) for k in keys if k in row)
 
 
-# Where a recorded GPU run is committed: results/gpu/results.json at the repository root.
-RECORDED_RESULTS = pathlib.Path(__file__).resolve().parents[2] / "results" / "gpu" / "results.json"
+# Where a recorded GPU run is committed: results/gpu/results.json at the repository root
+# (this file is code/jaxloops/measure/gpu_report.py: three folders below the root).
+REPOSITORY_ROOT = pathlib.Path(__file__).resolve().parents[3]
+RECORDED_RESULTS = REPOSITORY_ROOT / "results" / "gpu" / "results.json"
 
 
-def load_results(path=RECORDED_RESULTS) -> dict | None:
-    """The recorded results at `path`, checked; None where no run has been recorded."""
-    path = pathlib.Path(path)
+def load_results(path=None) -> dict | None:
+    """The recorded results at `path` (default: `RECORDED_RESULTS`), checked; None where no
+    run has been recorded."""
+    path = pathlib.Path(RECORDED_RESULTS if path is None else path)
     if not path.exists():
         return None
     try:
@@ -351,3 +354,43 @@ def plot_attention(results: dict, ax) -> None:
         title=f"attention on {label(results)}",
     )
     ax.legend(fontsize=8)
+
+
+def appendix_tables(results: dict) -> dict[str, str]:
+    """The appendix's tables of a recorded run, as Markdown, in the order the page shows them
+    (its plot of `plot_attention` goes before "attention"); "causal" only where recorded."""
+    verdict = {True: "yes", False: "**no**", None: "reported"}
+    columns = {
+        "facts": {"fact": "fact", "value": "value"},
+        "stages": {"stage": "stage", "status": "status", "seconds": "seconds", "detail": "detail"},
+        "ceilings": dict.fromkeys(["ceiling", "measured", "published", "of published", "error"]),
+        "goals": {"goal": "goal", "measured": "measured", "met": "met"},
+        "attention": {
+            "implementation": "implementation", "dtype": "dtype", "T": "T = S",
+            "seconds": "seconds", "calls_per_sample": "calls per sample",
+            "temp_bytes": "temp bytes", "error": "error",
+        },
+        "causal": {
+            "implementation": "implementation", "T": "T = S", "full_seconds": "full (s)",
+            "causal_seconds": "causal (s)", "speedup": "speedup", "error": "error",
+        },
+        "mlp": {
+            "batch_size": "batch", "steps_per_s": "steps/s", "examples_per_s": "examples/s",
+            "flops_per_s": "FLOP/s",
+        },
+    }  # fmt: skip
+    rows = {
+        "facts": [{"fact": k, "value": v} for k, v in results["facts"].items()],
+        "stages": [{"stage": name, **stage} for name, stage in results["stages"].items()],
+        "ceilings": ceiling_rows(results),
+        "goals": [{**row, "met": verdict[row["met"]]} for row in goals(results)],
+        "attention": results["attention"],
+        "causal": results["causal"],
+        "mlp": results["mlp"],
+    }
+    columns["ceilings"] = {name: name for name in columns["ceilings"]}
+    return {
+        name: markdown_table(rows[name], columns[name])
+        for name in columns
+        if rows[name] or name != "causal"
+    }

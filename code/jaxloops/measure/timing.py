@@ -6,7 +6,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -101,39 +100,27 @@ def allocated_bytes(tree) -> int:
     )
 
 
-# What a fresh process compiles to measure the persistent cache: the book's training program
-# (fit's compiled epochs for the chapter-7 network), timed from trace to executable.
-_CACHE_PROBE = """
-import json, time, jax, jaxloops
-from jaxloops.loop import make_epochs
-sizes = jaxloops.experiment_sizes().loop
-split = jaxloops.load_digits_split(seed=0)
-train = jaxloops.to_device(split.train, 64, 10)
-params = jaxloops.init_mlp(jax.random.key(0), (64, *sizes.hidden, 10))
-optimizer = jaxloops.make_optimizer(sizes.learning_rate, sizes.weight_decay)
-step = jaxloops.make_train_step(jaxloops.mlp_loss, optimizer)
-program = jax.jit(make_epochs(step, sizes.batch_size, 3))
-start = time.perf_counter()
-program.lower(params, optimizer.init(params), jax.random.key(1), 0, train).compile()
-print(json.dumps({"seconds": time.perf_counter() - start}))
-"""
-
-
-def compile_in_fresh_process(cache_dir: str | os.PathLike | None) -> float:
+def compile_in_fresh_process(cache_dir: str | os.PathLike | None, sizes=None) -> float:
     """Seconds a new Python process takes to trace, lower and compile the book's training
-    program, with JAX's persistent compilation cache in `cache_dir` (None: no cache).
+    program (`jaxloops.workers.cache_probe`), with JAX's persistent compilation cache in
+    `cache_dir` (None: no cache).
 
     Every compilation is cached (the minimum compile time to cache is set to 0 s); a second
-    process with the same `cache_dir` loads the executable instead of compiling it.
+    process with the same `cache_dir` loads the executable instead of compiling it. The
+    process runs on this process's default backend, at `sizes` (a `LoopSizes`; default:
+    `experiment_sizes().loop` of this process), without preallocating a GPU's memory.
     """
+    from jaxloops import backend, workers
+
+    sizes = backend.experiment_sizes().loop if sizes is None else sizes
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # share the GPU with this process
     if cache_dir is not None:
         env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
         env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
         env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-    done = subprocess.run(
-        [sys.executable, "-c", _CACHE_PROBE], env=env, capture_output=True, text=True, check=False
-    )
+    probe = workers.command("cache_probe", "--sizes", workers.sizes_json(loop=sizes))
+    done = subprocess.run(probe, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the compile probe failed:\n{done.stderr[-2000:]}")
     return float(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])

@@ -1,0 +1,250 @@
+"""The training process that chapter 13 and its tests stop, kill and restart.
+
+  python -m jaxloops.workers.checkpoint train mlp:DIR [transformer:DIR2 ...] --sizes JSON
+      --epochs 6 [--stop-at 3] [--out f.npz]
+      for each run: resumes from the newest good checkpoint in DIR (if any), trains to
+      --stop-at (default --epochs) saving after every epoch; writes the final leaves of run i
+      to --out as "i.params.dense_0.w", ...
+  python -m jaxloops.workers.checkpoint mesh-save DIR --devices 8 --sizes JSON
+  python -m jaxloops.workers.checkpoint mesh-restore DIR --devices 4 [--wait 60] --out f.npz
+      save the MLP's initial state split over 8 CPU devices (chapter 12's FSDP rule); restore
+      it onto 4 (--wait: started alongside mesh-save, wait up to that many seconds for its
+      checkpoint).
+
+--sizes is `workers.sizes_json(sizes, "loop", "lm", "checkpoint")`: the parent's sizes. The
+parent starts the process with `workers.cpu_env(devices)` (1 device for train). Each saved
+epoch prints "saved epoch E", flushed, so a parent can kill the process mid-run.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+
+from jaxloops import workers
+
+
+class Experiment(NamedTuple):
+    """One run: `init()` gives fresh (params, opt_state); the rest is what `fit` takes."""
+
+    key: jax.Array
+    init: Callable[[], tuple]
+    train_step: Callable
+    data: Any
+    batch_size: int
+
+
+def experiment(model: str, sizes, device) -> Experiment:
+    """The MLP on digits, or a small transformer on standard-library text; same every time.
+
+    Build it once and call `init()` for each run: fit compiles once per train step. The
+    key and the state are committed to `device`, as arrays restored from a checkpoint are:
+    jit compiles one program for both, so a resumed process finds the uninterrupted run's
+    program in the persistent compilation cache.
+
+    Args:
+      sizes: has the parts `loop` (the MLP), `lm` (the transformer's shape) and
+        `checkpoint` (the transformer's data): `experiment_sizes()` or `sizes_from_json`.
+      device: where every array of the run lives and every step runs.
+    """
+    import jaxloops
+    from jaxloops.text import VOCAB_SIZE
+
+    init_key, fit_key = jax.random.split(jax.random.key(0))
+    with jax.default_device(device):
+        if model == "mlp":
+            data = jaxloops.to_device(jaxloops.load_digits_split(seed=0).train, 64, 10)
+            init_params = lambda: jaxloops.init_mlp(init_key, (64, *sizes.loop.hidden, 10))
+            loop = sizes.loop
+            optimizer = jaxloops.make_optimizer(loop.learning_rate, loop.weight_decay)
+            loss, batch_size = jaxloops.mlp_loss, loop.batch_size
+        elif model == "transformer":
+            lm, part = sizes.lm, sizes.checkpoint
+            corpus = jaxloops.load_stdlib_corpus(part.lm_text_bytes)
+            windows = jaxloops.spaced_windows(corpus.train, lm.seq_len, part.lm_windows)
+            data = jax.device_put(windows)  # x and y: (windows, T)
+            config = jaxloops.TransformerConfig(
+                vocab_size=VOCAB_SIZE, num_layers=lm.layers, model_dim=lm.model_dim,
+                num_heads=lm.heads, num_kv_heads=lm.kv_heads, hidden_dim=lm.hidden_dim,
+                max_len=lm.seq_len,
+            )  # fmt: skip
+            init_params = lambda: jaxloops.init_transformer(init_key, config)
+            optimizer = jaxloops.make_optimizer(lm.learning_rate, lm.weight_decay)
+            loss, batch_size = jaxloops.transformer_loss, lm.batch_size
+        else:
+            raise ValueError(f"unknown model {model!r}; expected 'mlp' or 'transformer'")
+
+    def init():
+        with jax.default_device(device):
+            params = init_params()
+            return jax.device_put((params, optimizer.init(params)), device)
+
+    train_step = jaxloops.make_train_step(loss, optimizer)
+    return Experiment(jax.device_put(fit_key, device), init, train_step, data, batch_size)
+
+
+def train(model: str, run: Experiment, directory: str, stop_at: int, keep_last: int, slow: float):
+    """Resumes from `directory` if it holds a good checkpoint, trains to `stop_at`, saving."""
+    import jaxloops
+    from jaxloops import checkpoint
+
+    manager = checkpoint.checkpoint_manager(directory, keep_last=keep_last)
+    restored = checkpoint.restore_latest(manager, run.key, *jax.eval_shape(run.init))
+    if restored is None:
+        start, key, (params, opt_state) = 0, run.key, run.init()
+    else:
+        start, key, params, opt_state = restored
+    print(f"{model}: starting at epoch {start}", flush=True)
+    save = checkpoint.checkpoint_hook(manager, key)
+
+    def hook(epoch, params, opt_state):
+        save(epoch, params, opt_state)
+        print(f"{model}: saved epoch {epoch}", flush=True)
+        time.sleep(slow)  # a long run: leaves time to kill it between epochs
+
+    params, opt_state, _ = jaxloops.fit(
+        key, params, opt_state, run.train_step, run.data, batch_size=run.batch_size,
+        epochs=stop_at, epochs_per_call=1, start_epoch=start, hook=hook,
+    )  # fmt: skip
+    manager.wait_until_finished()
+    manager.close()
+    return {"params": params, "opt_state": opt_state}
+
+
+def kill_after(command: list[str], line: str, env: dict[str, str]) -> tuple[int, list[str]]:
+    """Starts `command` in environment `env` and kills it with SIGKILL once it prints `line`.
+
+    Returns:
+      (its exit status: -9 if it was killed, the lines it printed).
+    """
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+    )
+    printed = []
+    for out in process.stdout:
+        printed.append(out.rstrip("\n"))
+        if printed[-1] == line:
+            os.kill(process.pid, signal.SIGKILL)  # no cleanup, no flush: as a preemption
+            break
+    process.stdout.close()
+    return process.wait(), printed
+
+
+def mesh_state(devices: int, abstract: bool, sizes):
+    """The MLP's initial state split over a mesh of the first `devices` CPU devices, each
+    leaf as chapter 12's FSDP splits it (`sharding.fsdp_spec`).
+
+    Args:
+      abstract: only shapes, dtypes and shardings (jax.ShapeDtypeStruct), no values.
+      sizes: has the part `loop` (the MLP's widths and optimizer).
+    """
+    import jaxloops
+    from jaxloops import sharding
+
+    init_key, fit_key = jax.random.split(jax.random.key(0))  # as in experiment("mlp")
+    optimizer = jaxloops.make_optimizer(sizes.loop.learning_rate, sizes.loop.weight_decay)
+
+    def init():
+        params = jaxloops.init_mlp(init_key, (64, *sizes.loop.hidden, 10))
+        return params, optimizer.init(params)
+
+    mesh = sharding.data_mesh(devices, devices=jax.devices("cpu"))
+    shapes = jax.eval_shape(init)
+    specs = sharding.strategy_specs(shapes, "fsdp", mesh)
+    shardings = jax.tree.map(lambda spec: jax.sharding.NamedSharding(mesh, spec), specs)
+    if abstract:
+        as_abstract = lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s)
+        params, opt_state = jax.tree.map(as_abstract, shapes, shardings)
+    else:  # one compiled program makes every shard in place, not one per operation
+        params, opt_state = jax.jit(init, out_shardings=shardings)()
+    return fit_key, params, opt_state
+
+
+def wait_for_checkpoint(directory, seconds: float) -> None:
+    """Waits until `directory` holds a complete checkpoint (a step directory, named by its
+    number: orbax writes into a temporary directory and renames it only when complete)."""
+    directory, deadline = pathlib.Path(directory), time.monotonic() + seconds
+    while not (directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no complete checkpoint in {directory} after {seconds} s")
+        time.sleep(0.05)
+
+
+def mesh_report(state) -> dict:
+    """Devices, shards per leaf, and which leaves are split (each device holds a piece of
+    the array, not a copy of all of it)."""
+    from jaxloops.checkpoint import leaf_name
+
+    named = [(leaf_name(path), leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(state)]
+    shards = {name: len(leaf.addressable_shards) for name, leaf in named}
+    split = {name: leaf.sharding.shard_shape(leaf.shape) != leaf.shape for name, leaf in named}
+    devices = len(jax.tree.leaves(state)[0].sharding.device_set)  # the mesh's
+    return {"devices": devices, "shards": shards, "split": split}
+
+
+def mesh_save_or_restore(command: str, directory: str, devices: int, wait: float, sizes):
+    """mesh-save: the state split over `devices`, saved; mesh-restore: read back onto them."""
+    from jaxloops import checkpoint
+
+    abstract = command == "mesh-restore"  # restored values can only come from disk
+    key, params, opt_state = mesh_state(devices, abstract, sizes)
+    if abstract:
+        wait_for_checkpoint(directory, wait)
+    manager = checkpoint.checkpoint_manager(directory, keep_last=1)
+    if command == "mesh-save":
+        checkpoint.checkpoint_hook(manager, key)(0, params, opt_state)
+        manager.wait_until_finished()
+        return {"params": params}
+    return {"params": checkpoint.restore_latest(manager, key, params, opt_state).params}
+
+
+def parse(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["train", "mesh-save", "mesh-restore"])
+    parser.add_argument("runs", nargs="+", help="MODEL:DIR for train, DIR for mesh-*")
+    parser.add_argument("--sizes", required=True, help="JSON of the loop, lm, checkpoint parts")
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--stop-at", type=int, default=None)
+    parser.add_argument("--keep-last", type=int, default=3)
+    parser.add_argument("--slow", type=float, default=0.0, help="seconds to sleep per epoch")
+    parser.add_argument("--devices", type=int, default=1, help="CPU devices (set by cpu_env)")
+    parser.add_argument("--out", default=None, help=".npz file for the final leaves")
+    parser.add_argument("--wait", type=float, default=0.0, help="mesh-restore: seconds to wait")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    import numpy as np
+
+    from jaxloops import checkpoint
+
+    args = parse(argv)
+    workers.check_cpu_devices(args.devices)
+    sizes = workers.sizes_from_json(args.sizes)
+    if args.command == "train":
+        stop_at = args.epochs if args.stop_at is None else args.stop_at
+        state, runs = {}, {}
+        for i, run in enumerate(args.runs):
+            model, _, directory = run.partition(":")
+            if model not in runs:  # built once per model: one compiled train step each
+                runs[model] = experiment(model, sizes, jax.devices("cpu")[0])
+            state[str(i)] = train(model, runs[model], directory, stop_at, args.keep_last, args.slow)
+    else:
+        (directory,) = args.runs
+        state = mesh_save_or_restore(args.command, directory, args.devices, args.wait, sizes)
+        print(json.dumps(mesh_report(state)), flush=True)
+    if args.out is not None:
+        np.savez(args.out, **checkpoint.flat_arrays(state))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Chapter 12's checks on 8 CPU devices, run by tests/test_sharding.py in a process of its own.
+
+Started with `workers.cpu_env(8)`: the CPU platform with 8 devices, whatever the default
+backend of the test process. Prints one line, "REPORT" + JSON of what it measured.
+"""
+
+import json
+import sys
+import warnings
+
+warnings.filterwarnings("error", category=DeprecationWarning)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jaxloops  # noqa: E402
+from jaxloops import equivalence, sharding, workers  # noqa: E402
+
+# Sized for a test: odd widths, B = 40 = 5 rows per device, two short epochs.
+SIZES = jaxloops.backend.ShardingSizes(
+    devices=8, hidden=(24, 16), batch_size=40, examples=160, epochs=2,
+    learning_rate=3e-3, weight_decay=1e-2,
+)  # fmt: skip
+ROWS = jaxloops.Batch(jax.P("data"), jax.P("data"))
+
+
+def steps(mesh, optimizer):
+    """name -> (sharded train step, placement kind) for each strategy and each mutant."""
+    loss = jaxloops.mlp_loss
+    negated = lambda p, b: jax.tree.map(lambda a: -a, loss(p, b))  # sign-flipped gradient
+    zeroed = lambda p, b: jax.tree.map(lambda a: 0 * a, loss(p, b))  # zero gradient
+    make = lambda fn: jaxloops.make_train_step(fn, optimizer)
+    return {
+        "dp": (make(loss), "dp"),
+        "fsdp": (make(sharding.gathered(loss, mesh)), "fsdp"),
+        "shard_map": (None, "dp"),
+        "negated": (make(negated), "dp"),
+        "zeroed": (make(zeroed), "dp"),
+        "shifted": (make(loss), "dp"),  # fed the batch one row later: off-by-one data order
+    }
+
+
+def strategies(report, mesh, params, opt_state, batch, shifted, optimizer):
+    """Each strategy's step: collectives, bytes, and how far it is from one device's."""
+    grad_fn = jax.jit(jax.grad(lambda p, b: jaxloops.mlp_loss(p, b)[0]))
+    g_one = jax.device_get(grad_fn(params, batch))
+    g_bound = equivalence.gradient_bound(jaxloops.mlp_loss, params, batch)
+    step_bound = equivalence.adam_step_bound(
+        g_one, g_bound, params, learning_rate=SIZES.learning_rate
+    )
+    one = jax.jit(jaxloops.make_train_step(jaxloops.mlp_loss, optimizer))(params, opt_state, batch)
+    for name, (train_step, kind) in steps(mesh, optimizer).items():
+        p_specs = jaxloops.strategy_specs(params, kind, mesh)
+        o_specs = jaxloops.strategy_specs(opt_state, kind, mesh)
+        if train_step is None:
+            sharded = jaxloops.shard_map_step(jaxloops.mlp_loss, optimizer, mesh)
+        else:
+            sharded = jaxloops.sharded_step(train_step, mesh, p_specs, o_specs)
+        rows = shifted if name == "shifted" else batch
+        args = (sharding.place(mesh, p_specs, params), sharding.place(mesh, o_specs, opt_state),
+                sharding.place(mesh, ROWS, rows))  # fmt: skip
+        compiled = jax.jit(sharded).lower(*args).compile()
+        new = jax.device_get(compiled(*args))
+        report[name] = {
+            "collectives": sharding.collectives(compiled.as_text()),
+            "state_bytes": sharding.device_bytes(args[:2]),
+            "argument_bytes": compiled.memory_analysis().argument_size_in_bytes,
+            "batch_bytes": sharding.device_bytes(args[2]),
+            "param_ratio": equivalence.worst_ratio(new[0], one[0], step_bound),
+            "loss_diff": float(abs(new[2]["loss"] - one[2]["loss"])),
+        }
+    placed = sharding.place(mesh, jaxloops.strategy_specs(params, "dp", mesh), params)
+    g_dp = grad_fn(placed, sharding.place(mesh, ROWS, batch))
+    report["grad_ratio"] = equivalence.worst_ratio(g_dp, g_one, g_bound)
+    report["param_bytes"] = int(sum(a.nbytes for a in jax.tree.leaves(params)))
+
+
+def bad_inputs(mesh, params, opt_state, batch, optimizer) -> dict:
+    """The ValueError message of each bad input (None where none was raised)."""
+
+    def error_of(fn):
+        try:
+            fn()
+        except ValueError as e:
+            return str(e)
+        return None
+
+    odd = jaxloops.Batch(batch.x[:12], batch.y[:12])
+    step = jaxloops.make_train_step(jaxloops.mlp_loss, optimizer)
+    specs = [jaxloops.strategy_specs(t, "dp", mesh) for t in (params, opt_state)]
+    shard_map = jaxloops.shard_map_step(jaxloops.mlp_loss, optimizer, mesh)
+    return {
+        "mesh": error_of(lambda: jaxloops.data_mesh(9, jax.devices("cpu"))),
+        "batch": error_of(
+            lambda: jax.jit(jaxloops.sharded_step(step, mesh, *specs))(params, opt_state, odd)
+        ),
+        "shard_map_batch": error_of(lambda: shard_map(params, opt_state, odd)),
+        "spec": error_of(lambda: sharding.place(mesh, jax.P("data"), np.zeros((10, 3)))),
+    }
+
+
+def processes(report, mesh, split, out_dir):
+    """Data parallel with `fit` in this process and on two processes of four devices."""
+    n = SIZES.examples
+    train = jaxloops.Batch(split.train.x[:n], split.train.y[:n])
+    trained, _, _ = jaxloops.fit_data_parallel(jax.random.key(0), mesh, train, n, SIZES)
+    one_process = jaxloops.checkpoint.flat_arrays(trained)
+    two = sharding.run_processes(out_dir, num_processes=2, devices_per_process=4, sizes=SIZES)
+    report["process_diff"] = max(float(np.max(np.abs(one_process[k] - two[k]))) for k in two
+                                 if k in one_process)  # fmt: skip
+
+
+def main(out_dir: str) -> None:
+    workers.check_cpu_devices(8)
+    mesh = jaxloops.data_mesh(8, jax.devices("cpu"))
+    split = jaxloops.load_digits_split(seed=0)
+    batch = jaxloops.Batch(split.train.x[:40], split.train.y[:40])
+    shifted = jaxloops.Batch(split.train.x[1:41], split.train.y[1:41])
+    params = jax.device_get(jaxloops.init_mlp(jax.random.key(3), (64, *SIZES.hidden, 10)))
+    optimizer = jaxloops.make_optimizer(SIZES.learning_rate, SIZES.weight_decay)
+    opt_state = jax.device_get(optimizer.init(params))
+    report = {}
+    strategies(report, mesh, params, opt_state, batch, shifted, optimizer)
+    report["errors"] = bad_inputs(mesh, params, opt_state, batch, optimizer)
+    processes(report, mesh, split, out_dir)
+    print("REPORT" + json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

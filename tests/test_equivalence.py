@@ -1,0 +1,83 @@
+"""The float32 rounding bounds accept a reordered computation and reject wrong ones."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxloops
+from jaxloops import equivalence
+
+B, CHUNKS, LR = 40, 8, 3e-3  # 8 chunks of 5 rows: the order in which 8 devices sum
+
+
+@pytest.fixture(scope="module")
+def setup(digits):
+    batch = jaxloops.Batch(digits.train.x[:B], digits.train.y[:B])
+    params = jaxloops.init_mlp(jax.random.key(3), (64, 13, 7, 10))
+    grad = jax.jit(jax.grad(lambda p, b: jaxloops.mlp_loss(p, b)[0]))
+    g_one = grad(params, batch)
+    # The mean of 8 chunk means: the batch summed in another order, as the sharded step does.
+    chunks = [jax.tree.map(lambda a, i=i: a[i::CHUNKS], batch) for i in range(CHUNKS)]
+    g_chunked = jax.tree.map(lambda *g: sum(g) / CHUNKS, *[grad(params, c) for c in chunks])
+    shifted = jaxloops.Batch(digits.train.x[1 : B + 1], digits.train.y[1 : B + 1])
+    bound = equivalence.gradient_bound(jaxloops.mlp_loss, params, batch)
+    return dict(
+        params=params, g_one=g_one, bound=bound,
+        answers={
+            "reordered": g_chunked,
+            "negated": jax.tree.map(lambda g: -g, g_chunked),
+            "zeroed": jax.tree.map(jnp.zeros_like, g_chunked),
+            "shifted": grad(params, shifted),  # the data order off by one row
+        },
+    )  # fmt: skip
+
+
+def test_a_reordered_sum_is_within_the_gradient_bound(setup):
+    differs = jax.tree.leaves(jax.tree.map(lambda a, b: np.any(a != b), *[
+        setup["g_one"], setup["answers"]["reordered"]]))  # fmt: skip
+    assert any(differs)  # the order really changed the bits: the bound is tested, not idle
+    assert (
+        equivalence.worst_ratio(setup["answers"]["reordered"], setup["g_one"], setup["bound"]) <= 1
+    )
+
+
+@pytest.mark.parametrize("wrong", ["negated", "zeroed", "shifted"])
+def test_the_gradient_bound_rejects_a_wrong_gradient(setup, wrong):
+    ratio = equivalence.worst_ratio(setup["answers"][wrong], setup["g_one"], setup["bound"])
+    assert ratio > 100, ratio
+
+
+ANSWERS = [("reordered", True), ("negated", False), ("zeroed", False), ("shifted", False)]
+
+
+@pytest.mark.parametrize(("answer", "accepted"), ANSWERS)
+def test_the_step_bound_accepts_only_the_reordered_gradient(setup, answer, accepted):
+    """One AdamW step from each gradient, against the step from the single device's."""
+    optimizer = jaxloops.make_optimizer(LR, 1e-2)
+    params, opt_state = setup["params"], optimizer.init(setup["params"])
+
+    def step(grad):
+        updates, _ = optimizer.update(grad, opt_state, params)
+        return optax.apply_updates(params, updates)
+
+    tolerance = equivalence.adam_step_bound(
+        setup["g_one"], setup["bound"], params, learning_rate=LR
+    )
+    ratio = equivalence.worst_ratio(step(setup["answers"][answer]), step(setup["g_one"]), tolerance)
+    assert (ratio <= 1) == accepted, ratio
+
+
+def test_sum_bound_is_higham_gamma_and_refuses_void_counts():
+    u = equivalence.UNIT_ROUNDOFF
+    assert equivalence.sum_bound(2.0, 3) == pytest.approx(2 * 3 * u / (1 - 3 * u) * 2.0)
+    with pytest.raises(ValueError, match=str(2**24)):
+        equivalence.sum_bound(1.0, 2**24)
+
+
+def test_worst_ratio_treats_a_zero_tolerance_as_exact():
+    zero = {"a": np.zeros(3)}
+    assert equivalence.worst_ratio(zero, zero, zero) == 0.0
+    assert equivalence.worst_ratio({"a": np.array([0.0, 0.0, 1e-30])}, zero, zero) == np.inf
+    assert equivalence.worst_ratio({"a": np.full(3, 2.0)}, zero, {"a": np.full(3, 4.0)}) == 0.5
