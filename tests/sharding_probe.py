@@ -14,7 +14,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxloops  # noqa: E402
-from jaxloops import equivalence, sharding, workers  # noqa: E402
+from jaxloops import equivalence, measure, sharding, workers  # noqa: E402
 
 # Sized for a test: odd widths, B = 40 = 5 rows per device, two short epochs.
 SIZES = jaxloops.backend.ShardingSizes(
@@ -62,7 +62,7 @@ def strategies(report, mesh, params, opt_state, batch, shifted, optimizer):
         compiled = jax.jit(sharded).lower(*args).compile()
         new = jax.device_get(compiled(*args))
         report[name] = {
-            "collectives": sharding.collectives(compiled.as_text()),
+            "collectives": measure.collectives(compiled),
             "state_bytes": sharding.device_bytes(args[:2]),
             "argument_bytes": compiled.memory_analysis().argument_size_in_bytes,
             "batch_bytes": sharding.device_bytes(args[2]),

@@ -64,3 +64,16 @@ def test_published_peaks_by_device_kind():
     assert h200.predict(2 * n**3, 3 * n * n * 2) == pytest.approx(2 * n**3 / 989.5e12)
     with pytest.raises(ValueError, match="precision is 'fp8'"):
         h200.flops_per_s("fp8")
+
+
+def test_one_table_gives_the_interconnects_of_chapter_12():
+    links = published.interconnect_peaks()
+    assert links["H100 SXM, NVLink 4"] == (989.5e12, 450e9)  # the GPU roofline's own figure
+    assert links["H200 SXM, NVLink 4"][0] == published.published_peaks("H200").bf16_flops_per_s
+    assert set(links) == {"H100 SXM, NVLink 4", "H200 SXM, NVLink 4", "TPU v5p, ICI"}
+
+
+def test_a_figure_a_board_does_not_publish_is_refused_by_name():
+    tpu = published.published_peaks("TPU v5p")
+    with pytest.raises(ValueError, match="TPU v5p publishes no f32 figure"):
+        tpu.flops_per_s("f32")

@@ -79,15 +79,6 @@ def test_bad_inputs_name_the_sizes(report):
     assert "size 10" in errors["spec"] and "8 devices" in errors["spec"]
 
 
-def test_collectives_parse_tuple_and_single_results():
-    hlo = (
-        "%a = (f32[3,5]{1,0}, f32[]) all-reduce(%x, %y), channel_id=1\n"
-        "%b = bf16[7]{0} all-gather(%z), dimensions={0}\n"
-        "%c = f32[11]{0} add(%p, %q)\n"
-    )
-    assert sharding.collectives(hlo) == {"all-reduce": (1, 64), "all-gather": (1, 14)}
-
-
 def test_fsdp_spec_splits_the_first_divisible_dimension():
     assert sharding.fsdp_spec((3, 16), 8) == jax.P(None, "data")
     assert sharding.fsdp_spec((24, 16), 8) == jax.P("data")

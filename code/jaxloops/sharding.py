@@ -12,7 +12,6 @@ Both reuse `make_train_step` and `fit` unchanged: a strategy is a placement of t
 plus a sharding constraint on the batch, not a second train step.
 """
 
-import re
 import socket
 import subprocess
 from collections.abc import Callable
@@ -203,36 +202,6 @@ def fit_data_parallel(key, mesh: Mesh, train_local, examples: int, sizes):
     )
 
 
-_COLLECTIVE = re.compile(
-    r"= (\([^)]*\)|\w+\[[\d,]*\][^ ]*) (all-reduce|all-gather|reduce-scatter|all-to-all|"
-    r"collective-permute)(?:-start)?\("
-)
-_SHAPE = re.compile(r"(\w+)\[([\d,]*)\]")
-
-
-def collectives(hlo_text: str) -> dict[str, tuple[int, int]]:
-    """Collectives in compiled HLO text: kind -> (ops, bytes of their results on one device).
-
-    A tuple-shaped op (several arrays combined into one all-reduce) counts once, with the
-    bytes of all its arrays.
-    """
-    found: dict[str, tuple[int, int]] = {}
-    for result, kind in _COLLECTIVE.findall(hlo_text):
-        size = 0
-        for dtype, dims in _SHAPE.findall(result):
-            elements = int(np.prod([int(d) for d in dims.split(",") if d])) if dims else 1
-            size += elements * _dtype_bytes(dtype)
-        ops, total = found.get(kind, (0, 0))
-        found[kind] = (ops + 1, total + size)
-    return found
-
-
-def _dtype_bytes(dtype: str) -> int:
-    if dtype == "pred":
-        return 1
-    return int(re.sub(r"\D", "", dtype) or 32) // 8
-
-
 def device_bytes(tree, device=None) -> int:
     """Bytes of `tree`'s leaves held by one device (default: the first of the first leaf)."""
     leaves = jax.tree.leaves(tree)
@@ -278,15 +247,6 @@ def run_processes(out_dir, *, num_processes: int, devices_per_process: int, size
             raise RuntimeError(f"process {i} exited with {p.returncode}:\n{log[-3000:]}")
     with np.load(f"{out_dir}/params.npz") as f:
         return dict(f)
-
-
-# Published peak dense bf16 FLOP/s per chip and interconnect bytes/s per chip, one direction
-# (vendor datasheets; not measured here). NVLink 4: 900 GB/s both directions per GPU.
-PUBLISHED_CHIPS = {
-    "H100 SXM, NVLink 4": (989e12, 450e9),
-    "H200 SXM, NVLink 4": (989e12, 450e9),
-    "TPU v5p, ICI": (459e12, 300e9),  # 4,800 Gbit/s both directions, all links of a chip
-}
 
 
 def critical_batch(flops_per_s: float, bytes_per_s: float, strategy: str) -> float:

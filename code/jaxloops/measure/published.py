@@ -1,4 +1,5 @@
-"""Published peak figures of NVIDIA GPUs: the roofline a GPU run's goals are computed from.
+"""Published peak figures of accelerators: the roofline a GPU run's goals are computed from,
+and the interconnects chapter 12's critical batch is computed from. The one table of them.
 
 The vendor's datasheet figures for dense work (the datasheets quote tensor-core FLOP/s with
 2:4 structured sparsity; these are half of that), for the board named. They are labelled
@@ -14,14 +15,18 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class PublishedPeaks:
-    """One board's published dense peaks: FLOP/s per precision and HBM bytes/s."""
+    """One board's published dense peaks: FLOP/s per precision, HBM bytes/s and, where the
+    board has one, its interconnect's bytes/s per chip in one direction (None: not published
+    here; a TPU publishes no float32 matmul figure)."""
 
     board: str
-    f32_flops_per_s: float
-    tf32_flops_per_s: float
+    f32_flops_per_s: float | None
+    tf32_flops_per_s: float | None
     bf16_flops_per_s: float
     hbm_bytes_per_s: float
     source: str
+    interconnect: str | None = None
+    interconnect_bytes_per_s: float | None = None
 
     def flops_per_s(self, precision: str) -> float:
         """Peak FLOP/s of "f32", "tf32" or "bf16"."""
@@ -32,6 +37,8 @@ class PublishedPeaks:
         }
         if precision not in peaks:
             raise ValueError(f"precision is {precision!r}; expected one of {sorted(peaks)}")
+        if peaks[precision] is None:
+            raise ValueError(f"{self.board} publishes no {precision} figure")
         return peaks[precision]
 
     def predict(self, flops: float, bytes_moved: float, precision: str = "bf16") -> float:
@@ -41,7 +48,14 @@ class PublishedPeaks:
         return max(flops / self.flops_per_s(precision), bytes_moved / self.hbm_bytes_per_s)
 
 
-_H100_SXM = dict(f32_flops_per_s=67e12, tf32_flops_per_s=494.5e12, bf16_flops_per_s=989.5e12)
+# NVLink 4: 900 GB/s per GPU, both directions together.
+_H100_SXM = dict(
+    f32_flops_per_s=67e12,
+    tf32_flops_per_s=494.5e12,
+    bf16_flops_per_s=989.5e12,
+    interconnect="NVLink 4",
+    interconnect_bytes_per_s=450e9,
+)
 
 # (substrings of JAX's device_kind, peaks); the first entry whose substrings all match wins.
 PUBLISHED = (
@@ -66,6 +80,19 @@ PUBLISHED = (
         ("H100",),
         PublishedPeaks(
             "NVIDIA H100 SXM", **_H100_SXM, hbm_bytes_per_s=3.35e12, source="NVIDIA H100 datasheet"
+        ),
+    ),
+    (
+        ("TPU v5p",),
+        PublishedPeaks(
+            "TPU v5p",
+            f32_flops_per_s=None,
+            tf32_flops_per_s=None,
+            bf16_flops_per_s=459e12,
+            hbm_bytes_per_s=2.765e12,
+            source="Google Cloud TPU v5p documentation",
+            interconnect="ICI",  # 4,800 Gbit/s per chip, both directions, all links together
+            interconnect_bytes_per_s=300e9,
         ),
     ),
     (
@@ -100,3 +127,16 @@ def published_peaks(device_kind: str) -> PublishedPeaks | None:
         if all(s in device_kind for s in substrings):
             return peaks
     return None
+
+
+def interconnect_peaks() -> dict[str, tuple[float, float]]:
+    """{"<board>, <interconnect>": (bf16 FLOP/s, interconnect bytes/s one way)} of every board
+    whose interconnect is published here (chapter 12's critical batch)."""
+    return {
+        f"{peaks.board.removeprefix('NVIDIA ')}, {peaks.interconnect}": (
+            peaks.bf16_flops_per_s,
+            peaks.interconnect_bytes_per_s,
+        )
+        for _, peaks in PUBLISHED
+        if peaks.interconnect_bytes_per_s is not None
+    }
