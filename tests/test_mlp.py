@@ -2,8 +2,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import checkify
 
 import jaxloops
+from conftest import normal
 
 
 def test_init_mlp_shapes_follow_sizes(key):
@@ -61,3 +63,27 @@ def test_init_mlp_names_sizes_that_are_not_a_tuple_of_ints(key):
         jaxloops.init_mlp(key, [64, 10])
     with pytest.raises(ValueError, match="tuple of ints"):
         jaxloops.init_mlp(key, (64, 10.0))
+
+
+def test_a_negative_label_is_refused_by_value_and_never_wraps_to_another_class():
+    logits = jnp.asarray(normal((3, 10)))
+    bad = jnp.array([0, -1, 1])
+    with pytest.raises(ValueError, match=r"got -1 at index \(1,\)"):
+        jaxloops.cross_entropy(logits, bad)
+    with pytest.raises(ValueError, match=r"got 10 at index \(2,\)"):
+        jaxloops.cross_entropy(logits, jnp.array([0, 1, 10]))
+    # Traced, nothing can raise: the loss is NaN, not the loss of class 9 (what -1 wrapped to).
+    assert np.isnan(jax.jit(jaxloops.cross_entropy)(logits, bad))
+    wrapped = jax.jit(jaxloops.cross_entropy)(logits, bad % 10)
+    assert np.isfinite(wrapped)
+    error, _ = jax.jit(checkify.checkify(jaxloops.checked_cross_entropy))(logits, bad)
+    with pytest.raises(ValueError, match=r"got min -1, max 1"):
+        error.throw()
+
+
+def test_labels_of_the_wrong_shape_are_refused_not_broadcast():
+    logits = jnp.asarray(normal((5, 3)))
+    with pytest.raises(ValueError, match=r"labels \(5, 1\)"):
+        jaxloops.accuracy(logits, jnp.zeros((5, 1), jnp.int32))
+    with pytest.raises(ValueError, match=r"labels \(5, 1\)"):
+        jaxloops.cross_entropy(logits, jnp.zeros((5, 1), jnp.int32))
