@@ -17,7 +17,8 @@ from jaxloops.transformer import cached_logits, kv_cache_for
 
 # Chapter 8.
 def naive_attention_temp_bytes(batch: int, heads: int, q_len: int, kv_len: int, dtype) -> int:
-    """Leading term of naive attention's scratch memory: the scores and their exponentials,
+    """Leading term of naive attention's scratch memory: two (B, N, T, S) arrays at a time (each
+    pass over the scores reads one and writes the next: scaled scores, exponentials, weights),
     2 * B * N * T * S elements in the logits dtype (float32 at least, even for bfloat16 inputs).
     """
     logits_dtype = jnp.promote_types(dtype, jnp.float32)
