@@ -87,3 +87,21 @@ def test_labels_of_the_wrong_shape_are_refused_not_broadcast():
         jaxloops.accuracy(logits, jnp.zeros((5, 1), jnp.int32))
     with pytest.raises(ValueError, match=r"labels \(5, 1\)"):
         jaxloops.cross_entropy(logits, jnp.zeros((5, 1), jnp.int32))
+
+
+def test_chance_loss_predicts_the_loss_of_uninformative_logits_and_rejects_others():
+    from jaxloops.losses import chance_loss
+
+    rng = np.random.default_rng(3)
+    labels = jnp.asarray(rng.integers(0, 10, 5000))
+    for sigma in (0.5, 1.0):
+        logits = jnp.asarray(sigma * rng.standard_normal((5000, 10)), jnp.float32)
+        predicted, spread = chance_loss(logits)
+        assert abs(float(jaxloops.cross_entropy(logits, labels)) - predicted) < spread / 4
+    # Known-wrong answers fall outside the band: logits that know the label, and logits
+    # 10x too large (sigma^2 = 100: the loss is set by the largest logit, not by sigma^2 / 2).
+    informed = logits.at[jnp.arange(5000), labels].add(3.0)
+    predicted, spread = chance_loss(informed)
+    assert abs(float(jaxloops.cross_entropy(informed, labels)) - predicted) > spread / 4
+    predicted, spread = chance_loss(10 * logits)
+    assert abs(float(jaxloops.cross_entropy(10 * logits, labels)) - predicted) > spread / 4

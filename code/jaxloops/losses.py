@@ -78,3 +78,14 @@ def checked_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     calls it in `checkify.checkify`: the check then becomes an error value to `.throw()`."""
     check_labels(labels, logits.shape[-1])
     return cross_entropy(logits, labels)
+
+
+def chance_loss(logits) -> tuple[float, float]:
+    """What `cross_entropy` should be for labels the logits know nothing about, to second
+    order: ln C + sigma^2 / 2, sigma^2 the variance of a row's C logits (averaged over rows),
+    as for independent normal logits. Returns (prediction, sigma^2); the prediction holds
+    to within about sigma^2 / 4 while sigma^2 is small (sigma^2 <~ 2).
+    """
+    logits = np.asarray(logits, np.float64)  # (B, C)
+    spread = float(logits.var(axis=-1).mean())
+    return float(np.log(logits.shape[-1]) + spread / 2), spread
