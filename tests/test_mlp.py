@@ -105,3 +105,14 @@ def test_chance_loss_predicts_the_loss_of_uninformative_logits_and_rejects_other
     assert abs(float(jaxloops.cross_entropy(informed, labels)) - predicted) > spread / 4
     predicted, spread = chance_loss(10 * logits)
     assert abs(float(jaxloops.cross_entropy(10 * logits, labels)) - predicted) > spread / 4
+
+
+def test_known_value_is_none_for_traced_and_abstract_values():
+    from jaxloops.losses import known_value
+
+    np.testing.assert_array_equal(known_value(jnp.arange(3)), [0, 1, 2])
+    assert known_value(3) == 3
+    assert known_value(jax.ShapeDtypeStruct((2,), jnp.int32)) is None
+    seen = []
+    jax.jit(lambda x: seen.append(known_value(x)) or x)(jnp.ones(2))
+    assert seen == [None]

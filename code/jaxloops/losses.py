@@ -11,9 +11,10 @@ def known_value(x) -> np.ndarray | None:
     `jit`, `vmap` or `checkify`), where only a run-time check such as `check_labels` can see it.
     """
     try:
-        return np.asarray(x)
+        value = np.asarray(x)
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
         return None
+    return None if value.dtype == object else value  # e.g. a jax.ShapeDtypeStruct: no value
 
 
 def check_ids(ids, size: int, what: str) -> None:
