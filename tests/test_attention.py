@@ -12,6 +12,14 @@ B, T, S, N, H = 3, 7, 11, 6, 5
 library_attention = jax.jit(jax.nn.dot_product_attention, static_argnames="is_causal")
 
 
+def within_rounding(got, expected, query, key, value):
+    """Equal up to float32 rounding (`attention_rounding_bound`, derived, not fitted)."""
+    from jaxloops.attention import attention_rounding_bound
+
+    bound = attention_rounding_bound(query, key, np.abs(np.asarray(value, np.float32)).max())
+    np.testing.assert_allclose(got, expected, rtol=0, atol=bound)
+
+
 def qkv(kv_heads, t=T, s=S, dtype=np.float32):
     return (
         normal((B, t, N, H), 1, dtype),
@@ -33,7 +41,7 @@ def test_naive_equals_jax_full_and_causal(kv_heads):
         ]
 
     for got, expected in pairs(*qkv(kv_heads)):
-        np.testing.assert_allclose(got, expected, atol=2e-6)
+        within_rounding(got, expected, *qkv(kv_heads))
 
 
 def test_boolean_masks_equal_jax():
@@ -51,7 +59,7 @@ def test_boolean_masks_equal_jax():
         ]
 
     for got, expected in pairs(*qkv(3)):
-        np.testing.assert_allclose(got, expected, atol=2e-6)
+        within_rounding(got, expected, *qkv(3))
 
 
 def test_bfloat16_matches_jax():
@@ -72,17 +80,19 @@ def test_gqa_with_k_equal_n_is_mha():
     weights = np.exp(scores - scores.max(-1, keepdims=True))
     weights /= weights.sum(-1, keepdims=True)
     mha = np.einsum("BNTS,BSNH->BTNH", weights, value)  # (B, T, N, H)
-    np.testing.assert_allclose(jaxloops.attention(*qkv(N)), mha, atol=2e-6)
+    within_rounding(jaxloops.attention(*qkv(N)), mha, *qkv(N))
 
 
 def test_gqa_equals_mha_with_repeated_kv_heads():
     query, key, value = qkv(2)
     # (B, S, N, H): query head n reads key/value head n // G, G = 3
     repeat = lambda x: np.repeat(x, N // 2, axis=2)
-    np.testing.assert_allclose(
+    within_rounding(
         jaxloops.attention(query, key, value),
         jaxloops.attention(query, repeat(key), repeat(value)),
-        atol=2e-6,
+        query,
+        key,
+        value,
     )
 
 
@@ -113,8 +123,8 @@ def test_causal_output_ignores_the_future():
 def test_is_causal_is_the_top_left_mask():
     query, key, value = qkv(3)
     explicit = jaxloops.attention(query, key, value, mask=np.tril(np.ones((T, S), bool)))
-    np.testing.assert_allclose(
-        jaxloops.attention(query, key, value, is_causal=True), explicit, atol=1e-6
+    within_rounding(
+        jaxloops.attention(query, key, value, is_causal=True), explicit, query, key, value
     )
 
 
@@ -165,3 +175,55 @@ def test_empty_lengths_raise_naming_the_shape():
         jaxloops.attention(query[:, :0], key, value)
     with pytest.raises(ValueError, match=r"key \(3, 0, 3, 5\) has an empty axis"):
         jaxloops.attention(query, key[:, :0], value[:, :0])
+
+
+def _misses(got, expected, bound) -> float:
+    """How many rounding bounds apart two answers are (<= 1: rounding explains it)."""
+    return (
+        float(np.abs(np.asarray(got, np.float64) - np.asarray(expected, np.float64)).max()) / bound
+    )
+
+
+@pytest.mark.parametrize("kv_heads, is_causal", [(6, True), (2, False), (1, True)])
+def test_blockwise_equals_naive_within_float32_rounding_and_a_wrong_answer_is_rejected(
+    kv_heads, is_causal
+):
+    from jaxloops.attention import attention_rounding_bound
+
+    t, s = (13, 13) if is_causal else (9, 13)
+    query, key, value = qkv(kv_heads, t, s)
+    weights = normal((B, t, N, H), 4)  # a loss that weighs every output differently
+    blockwise = lambda q, k, v: jaxloops.blockwise_attention(
+        q, k, v, is_causal=is_causal, block_size=4, parallel_blocks=2
+    )
+    naive = lambda q, k, v: jaxloops.attention(q, k, v, is_causal=is_causal)
+
+    @jax.jit
+    def out_and_grads(q, k, v):
+        def of(fn):
+            loss = lambda q, k, v: (fn(q, k, v) * weights).sum()
+            return fn(q, k, v), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+        # A wrong answer to compare with: values shifted by one position against their keys
+        # (what an off-by-one between a key block's offset and its value block's computes).
+        shifted = naive(q, k, jnp.roll(v, 1, axis=1))
+        return of(blockwise), of(naive), shifted
+
+    (got, got_grads), (expected, expected_grads), shifted = out_and_grads(query, key, value)
+    out_bound = attention_rounding_bound(query, key, np.abs(value).max())
+    assert _misses(got, expected, out_bound) <= 1
+    assert _misses(shifted, expected, out_bound) > 100  # shifted positions: rejected
+    for name, g, e in zip("qkv", got_grads, expected_grads):
+        grad_bound = attention_rounding_bound(query, key, np.abs(e).max())
+        assert _misses(g, e, grad_bound) <= 1, f"d{name}"
+        assert _misses(-g, e, grad_bound) > 100, f"d{name} sign-flipped is rejected"
+        assert _misses(jnp.zeros_like(g), e, grad_bound) > 100, f"d{name} zeroed is rejected"
+
+
+def test_the_rounding_bound_is_eps_times_sqrt_s_and_the_score_size():
+    from jaxloops.attention import attention_rounding_bound
+
+    query, key = np.ones((1, 1, 1, 4), np.float32), np.full((1, 9, 1, 4), 0.5, np.float32)
+    # A = sum_h |q k| / sqrt(H) = 4 * 0.5 / 2 = 1; sqrt(S) = 3; scale 2.
+    eps = float(jnp.finfo(jnp.float32).eps)
+    assert attention_rounding_bound(query, key, 2.0) == pytest.approx(2 * eps * 2 * (1 + 3 + 1))

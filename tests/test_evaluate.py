@@ -68,3 +68,8 @@ def test_checked_confusion_matrix_raises_naming_the_bad_label(labels, match):
     np.testing.assert_array_equal(
         good, jaxloops.confusion_matrix(jnp.array([0, 2, 1]), jnp.array([0, 1, 2]), 3)
     )
+
+
+def test_a_negative_k_is_refused_not_sliced_from_the_end():
+    with pytest.raises(ValueError, match="k must be >= 0, got -1"):
+        jaxloops.most_confused(np.ones((3, 3), dtype=int), -1)

@@ -1,4 +1,5 @@
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -113,3 +114,41 @@ def test_the_compiled_decode_loop_copies_no_cache(batch, kv_heads):
     compiled = generate.lower(jax.random.key(1), shapes, prompt, steps=STEPS).compile()
     layer = kv_cache_for(shapes, batch, 3 + STEPS)[0]["key"]  # (B, K, S, H), a size-1 axis
     assert measure.loop_copies(compiled, layer.size) == 0
+
+
+def test_out_of_vocabulary_tokens_are_refused_by_value_and_never_embed_as_another_token(params):
+    from jax.experimental import checkify
+
+    V = CONFIG.vocab_size
+    tokens = jnp.array([[1, 2, V + 3], [4, -1, 5]], jnp.int32)  # (B, T)
+    with pytest.raises(ValueError, match=rf"tokens must be in \[0, {V}\); got {V + 3} at index"):
+        transformer_logits(params, tokens)
+    with pytest.raises(ValueError, match=r"got -1 at index \(1, 1\)"):
+        transformer_logits(params, tokens.at[0, 2].set(0))
+    # Traced, nothing can raise: a bad token embeds as NaN, not as the clamped or wrapped
+    # token V - 1, and its sequence's logits are NaN (0 * NaN is NaN in the masked values);
+    # a clean sequence in the same batch is untouched.
+    logits_of = jax.jit(transformer_logits)
+    logits = logits_of(params, jnp.concatenate([tokens, tokens[:1] % V]))
+    assert np.isnan(logits[:2, -1]).all()
+    clean = logits_of(params, jnp.concatenate([tokens % V, tokens[:1] % V]))  # same program
+    np.testing.assert_array_equal(logits[2], clean[2])
+    assert np.isfinite(clean).all()
+    # Under checkify, the prompt check of `checked_generate` names the extremes.
+    checked = checkify.checkify(
+        functools.partial(jaxloops.generation.checked_generate, steps=3, temperature=0.0)
+    )
+    error, _ = jax.jit(checked)(jax.random.key(0), params, tokens)
+    with pytest.raises(ValueError, match=rf"prompt tokens must be in \[0, {V}\); got min -1"):
+        error.throw()
+    error, out = jax.jit(checked)(jax.random.key(0), params, tokens % V)
+    assert error.get() is None
+    np.testing.assert_array_equal(out[:, :3], tokens % V)
+    assert out.shape == (2, 6) and ((0 <= out) & (out < V)).all()
+
+
+def test_positions_past_the_table_and_nan_temperatures_are_refused(params):
+    with pytest.raises(ValueError, match=r"start 9 puts 3 tokens past the position table"):
+        jaxloops.transformer.embed(params, jnp.zeros((2, 3), jnp.int32), 9)
+    with pytest.raises(ValueError, match="temperature must be >= 0, got nan"):
+        sample_token(jax.random.key(0), jnp.zeros((2, 3)), float("nan"))

@@ -2,6 +2,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import jaxloops
 
@@ -52,3 +53,14 @@ def test_finite_differences_agree_with_autodiff(key):
             numeric = jaxloops.finite_difference(loss, params64, path, index, eps=1e-5)
             analytic = float(grads[path[0]][path[1]][index])
             np.testing.assert_allclose(numeric, analytic, rtol=1e-5, atol=1e-8)
+
+
+def test_a_finite_difference_of_no_entry_is_refused_not_zero(key):
+    params = jaxloops.init_mlp(key, (5, 7, 3))
+    loss = lambda p: jaxloops.mlp_logits(p, jnp.ones((2, 5))).sum()
+    with pytest.raises(ValueError, match=r"path \('dense_2', 'w'\) names no leaf"):
+        jaxloops.finite_difference(loss, params, ("dense_2", "w"), (0, 0))
+    with pytest.raises(ValueError, match=r"index \(5, 0\) is not an entry of leaf .* \(5, 7\)"):
+        jaxloops.finite_difference(loss, params, ("dense_0", "w"), (5, 0))
+    with pytest.raises(ValueError, match=r"index \(-1, 0\)"):
+        jaxloops.finite_difference(loss, params, ("dense_0", "w"), (-1, 0))

@@ -6,6 +6,13 @@ import pytest
 import jaxloops
 from conftest import normal
 from jaxloops import measure
+from jaxloops.attention import attention_rounding_bound
+
+
+def within_rounding(got, expected, query, key, value):
+    """Equal up to float32 rounding (`attention_rounding_bound`, derived, not fitted)."""
+    bound = attention_rounding_bound(query, key, np.abs(np.asarray(value)).max())
+    np.testing.assert_allclose(got, expected, rtol=0, atol=bound)
 
 
 def test_llama2_7b_cache_is_two_gib_at_4096_tokens():
@@ -62,7 +69,7 @@ def test_decoding_token_by_token_equals_causal_attention(kv_heads):
         )
         outputs.append(out)
     expected = jaxloops.attention(query, key_, value, is_causal=True)
-    np.testing.assert_allclose(np.concatenate(outputs, axis=1), expected, atol=2e-6)
+    within_rounding(np.concatenate(outputs, axis=1), expected, query, key_, value)
 
 
 def test_decode_step_rejects_a_mismatched_token():
@@ -111,7 +118,7 @@ def test_prefill_then_steps_equal_causal_attention(kv_heads):
         )
         outputs.append(out)
     expected = jaxloops.attention(query, key_, value, is_causal=True)
-    np.testing.assert_allclose(np.concatenate(outputs, axis=1), expected, atol=2e-6)
+    within_rounding(np.concatenate(outputs, axis=1), expected, query, key_, value)
     np.testing.assert_array_equal(cache_key[:, :, :length], key_.swapaxes(1, 2))  # (B, K, S, H)
     assert not np.any(cache_key[:, :, length:])  # slots not reached stay empty
 
@@ -130,7 +137,7 @@ def test_decode_tokens_after_a_prefill_equals_causal_attention(kv_heads):
         query[:, 2:], key_[:, 2:], value[:, 2:], cache_key, cache_value, 2
     )
     expected = jaxloops.attention(query, key_, value, is_causal=True)
-    np.testing.assert_allclose(np.concatenate([first, rest], axis=1), expected, atol=2e-6)
+    within_rounding(np.concatenate([first, rest], axis=1), expected, query, key_, value)
     np.testing.assert_array_equal(cache_key[:, :, :length], key_.swapaxes(1, 2))
 
 
@@ -179,3 +186,87 @@ def test_decode_attention_rejects_a_loop_form_that_does_not_fit():
     query = np.zeros((2, 1, 6, 5))  # B = 2: a (2, S, H) form is K = 1, a (3, S, H) form fits none
     with pytest.raises(ValueError, match=r"loop_form of a \(B, K, S, H\) cache"):
         jaxloops.decode_attention(query, np.zeros((3, 11, 5)), np.zeros((3, 11, 5)), 0)
+
+
+def test_a_start_past_the_cache_is_refused_by_value_and_checkified_when_traced():
+    from jax.experimental import checkify
+
+    batch, heads, kv_heads, head_dim, slots = 3, 6, 2, 5, 7
+    query = normal((batch, 2, heads, head_dim), 1)  # T = 2 new tokens
+    new = normal((batch, 2, kv_heads, head_dim), 2)
+    cache = np.zeros((batch, kv_heads, slots, head_dim), np.float32)
+    out, *_ = jaxloops.decode_step(query, new, new, cache, cache, 5)  # slots 5, 6: fits
+    assert out.shape == query.shape
+    for start in (6, 9, -1):
+        with pytest.raises(ValueError, match=rf"start {start} does not fit 2 new tokens"):
+            jaxloops.decode_step(query, new, new, cache, cache, start)
+        with pytest.raises(ValueError, match=rf"start {start} does not fit"):
+            jaxloops.decode_attention(query, cache, cache, start)
+    checked = jax.jit(checkify.checkify(jaxloops.kvcache.checked_decode_step))
+    error, _ = checked(query, new, new, cache, cache, 9)  # traced: only checkify sees it
+    with pytest.raises(ValueError, match="start 9 does not fit 2 new tokens into a cache of 7"):
+        error.throw()
+    error, (out, *_) = checked(query, new, new, cache, cache, 5)
+    assert error.get() is None and out.shape == query.shape
+
+
+@pytest.mark.parametrize("kv_heads", [6, 2, 1], ids=["MHA", "GQA", "MQA"])
+def test_cached_decoding_equals_uncached_within_float32_rounding_and_wrong_caches_fail(kv_heads):
+    from jaxloops.attention import attention_rounding_bound
+
+    batch, length, heads, head_dim, slots, prefill = 3, 9, 6, 5, 13, 4
+    query = normal((batch, length, heads, head_dim), 11)
+    key_ = normal((batch, length, kv_heads, head_dim), 12)
+    value = normal((batch, length, kv_heads, head_dim), 13)
+    expected = np.asarray(jaxloops.attention(query, key_, value, is_causal=True), np.float64)
+    bound = attention_rounding_bound(query, key_, np.abs(value).max())
+
+    def decoded(cache_key, positions_shift=0):
+        cache_key = jnp.asarray(cache_key)
+        cache_value = jnp.zeros((batch, kv_heads, slots, head_dim))
+        first, cache_key, cache_value = jaxloops.decode_step(
+            query[:, :prefill], key_[:, :prefill], value[:, :prefill], cache_key, cache_value, 0
+        )
+        rest, *_ = jaxloops.decode_tokens(
+            query[:, prefill:],
+            key_[:, prefill:],
+            value[:, prefill:],
+            cache_key,
+            cache_value,
+            prefill + positions_shift,
+        )
+        return np.concatenate([first, rest], axis=1)
+
+    def misses(got):
+        return float(np.abs(got - expected).max()) / bound
+
+    empty = np.zeros((batch, kv_heads, slots, head_dim), np.float32)
+    assert misses(decoded(empty)) <= 1
+    # Shifted positions: the decoded tokens written one slot late (a gap of one empty slot).
+    assert misses(decoded(empty, positions_shift=1)) > 100
+    # A stale cache slot: token 6 attends over a cache whose slot 6 still holds what an
+    # empty cache held (a step that forgot to write its own slot) -- rejected; written -- not.
+    cache_key = np.zeros((batch, kv_heads, slots, head_dim), np.float32)
+    cache_value = cache_key.copy()
+    cache_key[:, :, :7], cache_value[:, :, :7] = (
+        key_[:, :7].swapaxes(1, 2),
+        value[:, :7].swapaxes(1, 2),
+    )
+    written = jaxloops.decode_attention(query[:, 6:7], cache_key, cache_value, 6)
+    assert float(np.abs(written - expected[:, 6:7]).max()) / bound <= 1
+    cache_key[:, :, 6] = cache_value[:, :, 6] = 0.0
+    stale = jaxloops.decode_attention(query[:, 6:7], cache_key, cache_value, 6)
+    assert float(np.abs(stale - expected[:, 6:7]).max()) / bound > 100
+
+
+def test_sizes_below_one_are_refused_by_name():
+    with pytest.raises(ValueError, match="batch=0"):
+        jaxloops.kv_cache_bytes(
+            layers=2, kv_heads=1, head_dim=4, length=8, batch=0, bytes_per_element=2
+        )
+    with pytest.raises(ValueError, match="0 query heads"):
+        jaxloops.attention_kind(0, 1)
+    cache = jnp.zeros((2, 1, 3, 4))
+    tokens = jnp.zeros((2, 5, 1, 4))  # T = 5 > S = 3
+    with pytest.raises(ValueError, match="5 tokens cannot fit a cache of 3 slots"):
+        jaxloops.decode_tokens(tokens, tokens, tokens, cache, cache, 0)

@@ -2,8 +2,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import checkify
 
 import jaxloops
+from conftest import normal
 
 
 def test_init_mlp_shapes_follow_sizes(key):
@@ -61,3 +63,56 @@ def test_init_mlp_names_sizes_that_are_not_a_tuple_of_ints(key):
         jaxloops.init_mlp(key, [64, 10])
     with pytest.raises(ValueError, match="tuple of ints"):
         jaxloops.init_mlp(key, (64, 10.0))
+
+
+def test_a_negative_label_is_refused_by_value_and_never_wraps_to_another_class():
+    logits = jnp.asarray(normal((3, 10)))
+    bad = jnp.array([0, -1, 1])
+    with pytest.raises(ValueError, match=r"got -1 at index \(1,\)"):
+        jaxloops.cross_entropy(logits, bad)
+    with pytest.raises(ValueError, match=r"got 10 at index \(2,\)"):
+        jaxloops.cross_entropy(logits, jnp.array([0, 1, 10]))
+    # Traced, nothing can raise: the loss is NaN, not the loss of class 9 (what -1 wrapped to).
+    assert np.isnan(jax.jit(jaxloops.cross_entropy)(logits, bad))
+    wrapped = jax.jit(jaxloops.cross_entropy)(logits, bad % 10)
+    assert np.isfinite(wrapped)
+    error, _ = jax.jit(checkify.checkify(jaxloops.checked_cross_entropy))(logits, bad)
+    with pytest.raises(ValueError, match=r"got min -1, max 1"):
+        error.throw()
+
+
+def test_labels_of_the_wrong_shape_are_refused_not_broadcast():
+    logits = jnp.asarray(normal((5, 3)))
+    with pytest.raises(ValueError, match=r"labels \(5, 1\)"):
+        jaxloops.accuracy(logits, jnp.zeros((5, 1), jnp.int32))
+    with pytest.raises(ValueError, match=r"labels \(5, 1\)"):
+        jaxloops.cross_entropy(logits, jnp.zeros((5, 1), jnp.int32))
+
+
+def test_chance_loss_predicts_the_loss_of_uninformative_logits_and_rejects_others():
+    from jaxloops.losses import chance_loss
+
+    rng = np.random.default_rng(3)
+    labels = jnp.asarray(rng.integers(0, 10, 5000))
+    for sigma in (0.5, 1.0):
+        logits = jnp.asarray(sigma * rng.standard_normal((5000, 10)), jnp.float32)
+        predicted, spread = chance_loss(logits)
+        assert abs(float(jaxloops.cross_entropy(logits, labels)) - predicted) < spread / 4
+    # Known-wrong answers fall outside the band: logits that know the label, and logits
+    # 10x too large (sigma^2 = 100: the loss is set by the largest logit, not by sigma^2 / 2).
+    informed = logits.at[jnp.arange(5000), labels].add(3.0)
+    predicted, spread = chance_loss(informed)
+    assert abs(float(jaxloops.cross_entropy(informed, labels)) - predicted) > spread / 4
+    predicted, spread = chance_loss(10 * logits)
+    assert abs(float(jaxloops.cross_entropy(10 * logits, labels)) - predicted) > spread / 4
+
+
+def test_known_value_is_none_for_traced_and_abstract_values():
+    from jaxloops.losses import known_value
+
+    np.testing.assert_array_equal(known_value(jnp.arange(3)), [0, 1, 2])
+    assert known_value(3) == 3
+    assert known_value(jax.ShapeDtypeStruct((2,), jnp.int32)) is None
+    seen = []
+    jax.jit(lambda x: seen.append(known_value(x)) or x)(jnp.ones(2))
+    assert seen == [None]

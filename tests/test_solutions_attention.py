@@ -121,6 +121,9 @@ def test_ragged_decode_equals_jax_with_sequence_lengths():
         query, cache_key.swapaxes(1, 2), cache_value.swapaxes(1, 2), key_value_seq_lengths=lengths
     )
     np.testing.assert_allclose(got, want, atol=2e-6)
+    for bad in ([0, 11, 4, 7, 2], [1, 12, 4, 7, 2]):  # no slot, or one past the cache
+        with pytest.raises(ValueError, match=r"lengths \[.*\] must be \(B,\) = \(5,\) ints"):
+            ex.ragged_decode_attention(query, cache_key, cache_value, jnp.array(bad))
 
 
 # Chapter 11.

@@ -88,3 +88,11 @@ def test_the_split_is_named_with_the_module_it_cuts():
     assert 0 < head < len(module)  # mid-module for this budget
     np.testing.assert_array_equal(corpus.train[-head:], module[:head])
     np.testing.assert_array_equal(corpus.validation[:50], module[head : head + 50])
+
+
+def test_empty_windows_are_refused_by_value():
+    tokens = jnp.arange(50, dtype=jnp.int32)
+    with pytest.raises(ValueError, match="got 3, 0, 5"):
+        sample_windows(jax.random.key(0), tokens, 3, 0, 5)
+    with pytest.raises(ValueError, match="cannot cut 2 windows of 0"):
+        spaced_windows(tokens, 0, 2)

@@ -57,6 +57,7 @@ from jaxloops.generation import generate, generate_without_cache
 from jaxloops.grads import finite_difference, sgd_update
 from jaxloops.kvcache import (
     attention_kind,
+    checked_decode_step,
     decode_attention,
     decode_step,
     decode_tokens,
@@ -108,6 +109,7 @@ __all__ = (
     "confusion_matrix",
     "checked_confusion_matrix",
     "checked_cross_entropy",
+    "checked_decode_step",
     "cross_entropy",
     "data_mesh",
     "decode_attention",

@@ -163,3 +163,26 @@ def attention(query, key, value, *, is_causal: bool = False, mask=None):
         "BKGTS,BKSH->BKGTH", weights.astype(value.dtype), value_BKSH
     )  # (B, K, G, T, H)
     return out.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)  # (B, T, N, H)
+
+
+def attention_rounding_bound(query, key, scale) -> float:
+    """The largest difference float32 rounding explains between two correct attentions (or
+    their gradients) of `query` (B, T, N, H) and `key` (B, S, K, H), for results of size at
+    most `scale` (max |value| for outputs, max |gradient| for a gradient):
+
+        2 * eps * scale * (1 + sqrt(S) + A),  A = max over (t, s) of
+        sum_h |q_th k_sh| / sqrt(H),
+
+    eps the float32 machine epsilon. A score sums H products: its rounding error is at most
+    about eps * A, and shifts the softmax weights by as much, relatively; the softmax's
+    sum and the weighted sum of values add S terms each, rounding errors growing as sqrt(S)
+    (random signs), each term at most `scale`. The 2 covers the two sums and the exp.
+    A known-wrong answer (a stale cache slot, shifted positions) misses by O(scale).
+    """
+    query, key = np.abs(np.asarray(query, np.float64)), np.abs(np.asarray(key, np.float64))
+    B, T, N, H = query.shape
+    S, K = key.shape[1], key.shape[2]
+    grouped = query.reshape(B, T, K, N // K, H)  # (B, T, K, G, H)
+    A = np.einsum("BTKGH,BSKH->BKGTS", grouped, key).max() / math.sqrt(H)
+    eps = float(jnp.finfo(jnp.float32).eps)
+    return 2 * eps * float(scale) * (1 + math.sqrt(S) + A)

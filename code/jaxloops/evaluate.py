@@ -107,6 +107,8 @@ def per_class_accuracy(counts) -> np.ndarray:
 
 def most_confused(counts, k: int) -> list[tuple[int, int, int]]:
     """The k largest off-diagonal cells as (true class, predicted class, count), largest first."""
+    if k < 0:  # a negative k would slice off the end instead: all but the smallest -k cells
+        raise ValueError(f"k must be >= 0, got {k}")
     off = np.asarray(counts).copy()
     np.fill_diagonal(off, 0)
     order = np.argsort(off, axis=None)[::-1][:k]

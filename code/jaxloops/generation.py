@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxloops.kvcache import loop_form
+from jaxloops.losses import check_labels
 from jaxloops.transformer import (
     Params,
     cached_logits,
@@ -25,7 +26,7 @@ from jaxloops.transformer import (
 
 def sample_token(key: jax.Array, logits: jax.Array, temperature: float) -> jax.Array:
     """Token ids (B,) drawn from logits (B, V) / temperature; temperature 0 is argmax."""
-    if temperature < 0:
+    if not temperature >= 0:  # written so that NaN is refused too
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if temperature == 0:
         return logits.argmax(axis=-1).astype(jnp.int32)
@@ -72,6 +73,17 @@ def generate(
 
     tokens, _ = jax.lax.fori_loop(1, steps, step, (tokens, cache))
     return tokens
+
+
+def checked_generate(
+    key: jax.Array, params: Params, prompt: jax.Array, *, steps: int, temperature: float = 1.0
+) -> jax.Array:
+    """`generate` that checks the prompt's token ids too: inside `jit` the prompt is traced,
+    and an id outside [0, V) would embed as NaN and decode garbage. Functionalise it with
+    `checkify.checkify` (steps and temperature bound first, e.g. with `functools.partial`):
+    the check then becomes an error naming the bad ids' extremes."""
+    check_labels(prompt, params["embed"]["tokens"].shape[0], "prompt tokens")
+    return generate(key, params, prompt, steps=steps, temperature=temperature)
 
 
 @functools.partial(jax.jit, static_argnames=("steps", "temperature"))

@@ -17,6 +17,17 @@ def finite_difference(loss_fn, params, path: tuple, index: tuple, eps: float = 1
       index: the entry inside that leaf, e.g. (3, 5).
     """
 
+    leaves = {
+        tuple(getattr(k, "key", k) for k in key_path): leaf
+        for key_path, leaf in jax.tree_util.tree_leaves_with_path(params)
+    }
+    # A path or index that matches nothing would bump nothing and return 0: refuse it.
+    if tuple(path) not in leaves:
+        raise ValueError(f"path {path} names no leaf of params; leaves: {sorted(leaves)}")
+    shape = leaves[tuple(path)].shape
+    if len(index) != len(shape) or not all(0 <= i < n for i, n in zip(index, shape)):
+        raise ValueError(f"index {index} is not an entry of leaf {path} of shape {shape}")
+
     def bumped(delta):
         def bump(key_path, leaf):
             keys = tuple(k.key for k in key_path)

@@ -11,8 +11,10 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import checkify
 
 from jaxloops.attention import causal_mask, masked_fill_value, softmax
+from jaxloops.losses import known_value
 
 # Published shapes of a few open models: L layers, N query heads, K key/value heads, H.
 MODEL_CONFIGS = (
@@ -27,7 +29,7 @@ MODEL_CONFIGS = (
 
 def attention_kind(heads: int, kv_heads: int) -> str:
     """ "MHA" (K = N), "GQA" (1 < K < N) or "MQA" (K = 1)."""
-    if kv_heads < 1 or heads % kv_heads:
+    if heads < 1 or kv_heads < 1 or heads % kv_heads:
         raise ValueError(f"{heads} query heads is not a multiple of {kv_heads} key/value heads")
     if kv_heads == heads:
         return "MHA"
@@ -38,6 +40,13 @@ def kv_cache_bytes(
     *, layers: int, kv_heads: int, head_dim: int, length: int, batch: int, bytes_per_element: int
 ) -> int:
     """Bytes of a KV cache: 2 (K and V) * L * K * H * S * B * bytes per element."""
+    sizes = (layers, kv_heads, head_dim, length, batch, bytes_per_element)
+    if min(sizes) < 1:
+        raise ValueError(
+            f"every size must be >= 1, got layers={layers}, kv_heads={kv_heads}, "
+            f"head_dim={head_dim}, length={length}, batch={batch}, "
+            f"bytes_per_element={bytes_per_element}"
+        )
     return 2 * layers * kv_heads * head_dim * length * batch * bytes_per_element
 
 
@@ -115,6 +124,20 @@ def _decode_shapes(query, cache_key, cache_value) -> tuple[tuple[int, ...], tupl
     return check_decode_shapes(query, cache_key, cache_value), lead
 
 
+def check_start(start, T: int, S: int) -> None:
+    """Raises ValueError unless T tokens from slot `start` fit S slots, when `start` is known.
+
+    A traced `start` cannot be checked here: `lax.dynamic_update_slice` would clamp it and
+    write the last T slots instead. `checked_decode_step` checks it under `checkify`.
+    """
+    value = known_value(start)
+    if value is not None and not (value.ndim == 0 and 0 <= value <= S - T):
+        raise ValueError(
+            f"start {value} does not fit {T} new tokens into a cache of {S} slots: "
+            f"need 0 <= start <= {S - T}"
+        )
+
+
 def decode_attention(query, cache_key, cache_value, start):
     """Attention of T new tokens, at positions start..start+T-1, over a heads-major cache.
 
@@ -132,6 +155,7 @@ def decode_attention(query, cache_key, cache_value, start):
       (B, T, N, H).
     """
     (B, T, N, K, S, H), lead = _decode_shapes(query, cache_key, cache_value)
+    check_start(start, T, S)
     G, R = N // K, N // K * T
     # The G heads of a group and the T tokens are the R = G * T rows of one product per
     # (b, k): each key and value of the group is read once for all of them. The rows take
@@ -175,7 +199,8 @@ def decode_step(query, new_key, new_value, cache_key, cache_value, start):
     Returns:
       (output (B, T, N, H), cache_key, cache_value).
     """
-    (B, T, _, K, _, H), lead = _decode_shapes(query, cache_key, cache_value)
+    (B, T, _, K, S, H), lead = _decode_shapes(query, cache_key, cache_value)
+    check_start(start, T, S)
     if new_key.shape != (B, T, K, H) or new_value.shape != (B, T, K, H):
         raise ValueError(
             f"new key/value must be (B, T, K, H) = {(B, T, K, H)} to match the "
@@ -188,6 +213,18 @@ def decode_step(query, new_key, new_value, cache_key, cache_value, start):
     cache_key = lax.dynamic_update_slice(cache_key, new_key, slot)
     cache_value = lax.dynamic_update_slice(cache_value, new_value, slot)
     return decode_attention(query, cache_key, cache_value, start), cache_key, cache_value
+
+
+def checked_decode_step(query, new_key, new_value, cache_key, cache_value, start):
+    """`decode_step` that checks a traced `start` too: under `checkify.checkify`, a start
+    past the cache becomes an error naming it, instead of a write into the last slots."""
+    T, S = query.shape[1], cache_key.shape[-2]
+    checkify.check(
+        (start >= 0) & (start <= S - T),
+        f"start {{start}} does not fit {T} new tokens into a cache of {S} slots",
+        start=start,
+    )
+    return decode_step(query, new_key, new_value, cache_key, cache_value, start)
 
 
 @functools.partial(jax.jit, donate_argnums=(3, 4))
@@ -217,6 +254,8 @@ def decode_tokens(queries, keys, values, cache_key, cache_value, start):
         return (cache_key, cache_value, position + 1), out[:, 0]  # (B, N, H)
 
     shape = cache_key.shape  # (B, K, S, H)
+    if queries.shape[1] > shape[-2]:  # start is traced here: only this much can be checked
+        raise ValueError(f"{queries.shape[1]} tokens cannot fit a cache of {shape[-2]} slots")
     tokens_first = tuple(x.swapaxes(0, 1) for x in (queries, keys, values))  # (T, B, ., H)
     (cache_key, cache_value, _), outs = lax.scan(
         step, (*loop_form((cache_key, cache_value)), start), tokens_first

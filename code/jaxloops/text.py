@@ -120,6 +120,10 @@ def sample_windows(
       A `Batch` stacked on a leading steps axis, as `make_epoch` wants:
       x (steps, B, T) tokens and y (steps, B, T) the token after each one.
     """
+    if min(steps, batch_size, seq_len) < 1:  # an empty batch would train on nothing
+        raise ValueError(
+            f"steps, batch_size and seq_len must be >= 1, got {steps}, {batch_size}, {seq_len}"
+        )
     if tokens.shape[0] < seq_len + 1:
         raise ValueError(
             f"text of {tokens.shape[0]} tokens is too short for windows of "
@@ -138,7 +142,7 @@ def spaced_windows(tokens, seq_len: int, count: int) -> Batch:
       A `Batch` with x (count, T) and y (count, T), the targets shifted by one.
     """
     tokens = np.asarray(tokens)
-    if count < 1 or tokens.shape[0] < seq_len + 1:
+    if count < 1 or seq_len < 1 or tokens.shape[0] < seq_len + 1:
         raise ValueError(
             f"cannot cut {count} windows of {seq_len} + 1 tokens from {tokens.shape[0]} tokens"
         )

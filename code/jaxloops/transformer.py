@@ -17,7 +17,7 @@ from jaxloops.attention import attention, attention_weights
 from jaxloops.data import Batch
 from jaxloops.initializers import draw_normal
 from jaxloops.kvcache import decode_step, init_kv_cache
-from jaxloops.losses import accuracy, cross_entropy
+from jaxloops.losses import accuracy, check_ids, cross_entropy, known_value
 
 Params = dict
 
@@ -163,11 +163,26 @@ def check_tokens(params: Params, tokens, length: int | None = None) -> None:
 
 
 def embed(params: Params, tokens: jax.Array, start=0) -> jax.Array:
-    """Token plus position embeddings (B, T, D) of tokens (B, T) at positions start + t."""
+    """Token plus position embeddings (B, T, D) of tokens (B, T) at positions start + t.
+
+    A token outside [0, V), or positions past the table, raise ValueError when known (an
+    eager call). Traced, an out-of-vocabulary token (a negative one too) embeds as NaN,
+    never as another token's row.
+    """
+    V, max_len = params["embed"]["tokens"].shape[0], params["embed"]["positions"].shape[0]
+    check_ids(tokens, V, "tokens")
+    first = known_value(start)
+    if first is not None and not 0 <= first <= max_len - tokens.shape[1]:
+        raise ValueError(
+            f"start {first} puts {tokens.shape[1]} tokens past the position table "
+            f"({max_len} positions): need 0 <= start <= {max_len - tokens.shape[1]}"
+        )
     positions = jax.lax.dynamic_slice_in_dim(
         params["embed"]["positions"], start, tokens.shape[1]
     )  # (T, D)
-    return params["embed"]["tokens"][tokens] + positions[None]  # (B, T, D) + (1, T, D)
+    tokens = jnp.where(tokens < 0, V, tokens)  # out of bounds, not wrapped to V + token
+    rows = params["embed"]["tokens"].at[tokens].get(mode="fill", fill_value=jnp.nan)  # (B, T, D)
+    return rows + positions[None]  # (B, T, D) + (1, T, D)
 
 
 def apply_blocks(params: Params, x: jax.Array, cache=None, start=0, attend=attention):

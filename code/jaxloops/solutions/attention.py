@@ -11,12 +11,14 @@ import jax.numpy as jnp
 
 from jaxloops.attention import attention, causal_mask, masked_fill_value
 from jaxloops.kvcache import check_decode_shapes, kv_cache_bytes
+from jaxloops.losses import known_value
 from jaxloops.transformer import cached_logits, kv_cache_for
 
 
 # Chapter 8.
 def naive_attention_temp_bytes(batch: int, heads: int, q_len: int, kv_len: int, dtype) -> int:
-    """Leading term of naive attention's scratch memory: the scores and their exponentials,
+    """Leading term of naive attention's scratch memory: two (B, N, T, S) arrays at a time (each
+    pass over the scores reads one and writes the next: scaled scores, exponentials, weights),
     2 * B * N * T * S elements in the logits dtype (float32 at least, even for bfloat16 inputs).
     """
     logits_dtype = jnp.promote_types(dtype, jnp.float32)
@@ -154,6 +156,10 @@ def ragged_decode_attention(query, cache_key, cache_value, lengths):
         raise ValueError(
             f"one new token per sequence: query must be (B, 1, N, H), got {query.shape}"
         )
+    known = known_value(lengths)
+    if known is not None and (known.shape != (B,) or known.min() < 1 or known.max() > S):
+        # A length of 0 would mask every slot and average the values; one past S reads none.
+        raise ValueError(f"lengths {known} must be (B,) = ({B},) ints in [1, {S}] (the slots)")
     query_BKGH = query.reshape(B, K, N // K, H)  # (B, K, G, H)
     scores = jnp.einsum(
         "BKGH,BKSH->BKGS", query_BKGH, cache_key, preferred_element_type=jnp.float32
@@ -169,7 +175,7 @@ def ragged_decode_attention(query, cache_key, cache_value, lengths):
 def temperature_probs(logits, temperature: float):
     """The distribution `sample_token` draws from: softmax(logits / temperature) over the
     last axis (V); temperature 0 puts all the mass on the argmax."""
-    if temperature < 0:
+    if not temperature >= 0:  # NaN refused too
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     logits = jnp.asarray(logits, jnp.float32)
     if temperature == 0:
