@@ -94,3 +94,15 @@ def test_calls_target_finds_a_custom_call_by_name():
     hlo = '%r = f32[2]{0} custom-call(%a), custom_call_target="__cudnn$fmhaSoftmax"\n'
     assert compiled.calls_target(hlo, "__cudnn$fmha")
     assert not compiled.calls_target(hlo, "__cublas$gemm")
+
+
+def test_entry_instructions_lists_the_top_level_kernels_of_a_program():
+    f = jax.jit(lambda a, b: (jnp.sin(a) * 2 + 1) @ b)
+    hlo = f.lower(jnp.ones((3, 5)), jnp.ones((5, 7))).compile().as_text()
+    found = compiled.entry_instructions(hlo)
+    ops = [op for _, op, _ in found]
+    assert ops.count("parameter") == 2
+    assert "f32[3,7]" in {shape for _, _, shape in found}  # the product's output
+    assert "sine" not in ops  # the element-wise chain ran inside a fusion, not on its own
+    with pytest.raises(ValueError, match="no ENTRY computation"):
+        compiled.entry_instructions("HloModule m")

@@ -77,15 +77,3 @@ def test_bad_optimizer_settings_are_rejected():
 def test_non_finite_optimizer_settings_are_rejected_by_value(lr, wd, bad):
     with pytest.raises(ValueError, match=bad):
         jaxloops.make_optimizer(lr, wd)
-
-
-def test_entry_instructions_lists_the_top_level_kernels_of_a_program():
-    f = jax.jit(lambda a, b: (jnp.sin(a) * 2 + 1) @ b)
-    hlo = f.lower(jnp.ones((3, 5)), jnp.ones((5, 7))).compile().as_text()
-    found = train.entry_instructions(hlo)
-    ops = [op for _, op, _ in found]
-    assert ops.count("parameter") == 2
-    assert "f32[3,7]" in {shape for _, _, shape in found}  # the product's output
-    assert "sine" not in ops  # the element-wise chain ran inside a fusion, not on its own
-    with pytest.raises(ValueError, match="no ENTRY computation"):
-        train.entry_instructions("HloModule m")

@@ -1,6 +1,5 @@
 """The pure train step: (params, opt_state, batch) -> (params, opt_state, metrics)."""
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -40,21 +39,3 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation):
         return params, opt_state, {"loss": loss, **aux}
 
     return train_step
-
-
-def entry_instructions(hlo_text: str) -> list[tuple[str, str, str]]:
-    """The top-level instructions of a compiled program's ENTRY computation, from its HLO
-    text (`compiled.as_text()`): (name, opcode, output shape), in program order.
-
-    What runs as its own kernel: each `fusion` is one, and so is every instruction that
-    XLA left outside a fusion (a `dot`, a `copy`). Parameters and tuples are bookkeeping.
-    """
-    if "ENTRY" not in hlo_text:
-        raise ValueError("no ENTRY computation in this text: pass compiled.as_text()")
-    entry = hlo_text[hlo_text.index("ENTRY") :].split("\n}", 1)[0]
-    found = []
-    for line in entry.splitlines()[1:]:
-        match = re.match(r"\s*(?:ROOT )?%?([\w.-]+) = (\S+?)(?:\{[\d,]*\})? ([\w-]+)\(", line)
-        if match:
-            found.append((match.group(1), match.group(3), match.group(2)))
-    return found

@@ -1,5 +1,6 @@
 """Measuring: honest timing, throughput, attention sweeps, the roofline, and machine facts."""
 
+from jaxloops.measure import compiled as compiled  # a module: measure.compiled.fusions_of
 from jaxloops.measure import gpu_report as gpu_report  # a module: measure.gpu_report.sidebar
 from jaxloops.measure import published as published  # a module: measure.published.PUBLISHED
 from jaxloops.measure.check import PageCheckWarning, check, strict

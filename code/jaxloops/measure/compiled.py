@@ -76,6 +76,27 @@ def _hlo_lines(text: str):
             yield computation, line
 
 
+_ENTRY_INSTRUCTION = re.compile(r"\s*(?:ROOT )?%?([\w.-]+) = (\S+?)(?:\{[\d,]*\})? ([\w-]+)\(")
+
+
+def entry_instructions(program) -> list[tuple[str, str, str]]:
+    """The top-level instructions of a compiled program's (or its HLO text's) ENTRY
+    computation: (name, opcode, output shape), in program order.
+
+    What runs as its own kernel: each `fusion` is one, and so is every instruction that XLA
+    left outside a fusion (a `dot`, a `copy`). Parameters and tuples are bookkeeping.
+    """
+    text = _text(program)
+    if "ENTRY" not in text:
+        raise ValueError("no ENTRY computation in this text: pass compiled.as_text()")
+    found = []
+    for computation, line in _hlo_lines(text):
+        match = _ENTRY_INSTRUCTION.match(line) if computation == "ENTRY" else None
+        if match:
+            found.append((match.group(1), match.group(3), match.group(2)))
+    return found
+
+
 def _loop_computations(text: str) -> set[str]:
     """Names of the computations a while loop runs on every trip (its body and condition)."""
     return set(re.findall(r"(?:body|condition)=%?([\w.-]+)", text))
