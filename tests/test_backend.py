@@ -29,16 +29,8 @@ def test_sizes_of_every_backend_are_consistent(backend):
     assert ckpt.keep_last >= 3 and ckpt.lm_windows >= lm.batch_size
     assert ckpt.lm_text_bytes > ckpt.lm_windows  # room to cut the windows from
     # The language model's sizes must build a config (divisibility of D by N, N by K).
-    config = jaxloops.TransformerConfig(
-        vocab_size=97,
-        num_layers=lm.layers,
-        model_dim=lm.model_dim,
-        num_heads=lm.heads,
-        num_kv_heads=lm.kv_heads,
-        hidden_dim=lm.hidden_dim,
-        max_len=lm.seq_len,
-    )
-    assert config.head_dim * lm.heads == lm.model_dim
+    config = jaxloops.TransformerConfig.from_sizes(lm, 97)
+    assert config.head_dim * lm.num_heads == lm.model_dim
     # Chapter 12: the batch and the training rows split evenly over the mesh.
     shard = sizes.sharding
     assert shard.devices >= 2 and shard.batch_size % shard.devices == 0

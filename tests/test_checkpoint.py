@@ -24,12 +24,12 @@ SIZES = dataclasses.replace(
     loop=dataclasses.replace(_CPU_SIZES.loop, hidden=(24, 16), batch_size=128),
     lm=dataclasses.replace(
         _CPU_SIZES.lm,
-        layers=1,
+        num_layers=1,
         model_dim=20,
-        heads=4,
-        kv_heads=2,
+        num_heads=4,
+        num_kv_heads=2,
         hidden_dim=36,
-        seq_len=16,
+        max_len=16,
         batch_size=8,
     ),  # fmt: skip
     checkpoint=dataclasses.replace(_CPU_SIZES.checkpoint, lm_text_bytes=2**14, lm_windows=24),

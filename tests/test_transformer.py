@@ -10,6 +10,7 @@ import pytest
 
 from conftest import SMALL_TRANSFORMER
 from jaxloops.attention import attention
+from jaxloops.backend import experiment_sizes
 from jaxloops.blockwise import blockwise_attention
 from jaxloops.data import Batch
 from jaxloops.loop import make_epoch
@@ -155,3 +156,17 @@ def test_tiny_model_learns_stdlib_text_with_the_books_train_step():
     losses = np.asarray(metrics["loss"])  # (steps,)
     assert abs(losses[0] - math.log(VOCAB_SIZE)) < 0.8  # unit-variance logits: about ln V
     assert losses[-10:].mean() < 3.5  # from 4.6 nats to below 3.5 in 40 steps
+
+
+def test_the_sizes_build_the_config_in_its_own_words():
+    lm = experiment_sizes("cpu").lm
+    config = TransformerConfig.from_sizes(lm, 97)
+    assert config.vocab_size == 97
+    assert (config.num_layers, config.num_heads, config.num_kv_heads, config.max_len) == (
+        lm.num_layers,
+        lm.num_heads,
+        lm.num_kv_heads,
+        lm.max_len,
+    )
+    with pytest.raises(ValueError, match="vocab_size must be a positive int, got 0"):
+        TransformerConfig.from_sizes(lm, 0)

@@ -1,7 +1,7 @@
 """The one place that sizes every experiment for the backend JAX finds.
 
 `experiment_sizes()` composes one frozen dataclass per part of the book; a chapter reads
-`sizes.loop.batch_size`, `sizes.attention.lengths`, `sizes.lm.layers`. A new chapter adds
+`sizes.loop.batch_size`, `sizes.attention.lengths`, `sizes.lm.num_layers`. A new chapter adds
 its own part here, once, with a CPU and a GPU value.
 """
 
@@ -52,15 +52,16 @@ class AttentionSizes:
 
 @dataclasses.dataclass(frozen=True)
 class LanguageModelSizes:
-    """Chapter 11: the character-level transformer."""
+    """Chapter 11: the character-level transformer, in `TransformerConfig`'s words (its
+    `TransformerConfig.from_sizes` builds the model from them)."""
 
     text_bytes: int  # bytes of standard-library source read (train + validation)
-    layers: int  # L
+    num_layers: int  # L
     model_dim: int  # D
-    heads: int  # N
-    kv_heads: int  # K
+    num_heads: int  # N
+    num_kv_heads: int  # K
     hidden_dim: int  # F
-    seq_len: int  # T of training, and the length of the position table
+    max_len: int  # T of training, and the length of the position table
     batch_size: int  # B
     steps: int  # train steps in all
     eval_every: int  # train steps between validation losses
@@ -138,12 +139,12 @@ _CPU = Sizes(
     ),
     lm=LanguageModelSizes(
         text_bytes=2**20,
-        layers=2,
+        num_layers=2,
         model_dim=64,
-        heads=4,
-        kv_heads=2,
+        num_heads=4,
+        num_kv_heads=2,
         hidden_dim=256,
-        seq_len=64,
+        max_len=64,
         batch_size=16,
         steps=400,
         eval_every=50,
@@ -200,12 +201,12 @@ _GPU = Sizes(
     ),
     lm=LanguageModelSizes(
         text_bytes=3 * 2**20,
-        layers=4,
+        num_layers=4,
         model_dim=256,
-        heads=8,
-        kv_heads=2,
+        num_heads=8,
+        num_kv_heads=2,
         hidden_dim=1024,
-        seq_len=256,
+        max_len=256,
         batch_size=32,
         steps=2000,
         eval_every=100,

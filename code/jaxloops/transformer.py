@@ -50,6 +50,12 @@ class TransformerConfig:
                 f"{self.num_kv_heads}: each key/value head serves G = N // K heads"
             )
 
+    @classmethod
+    def from_sizes(cls, sizes, vocab_size: int) -> "TransformerConfig":
+        """The model of `experiment_sizes().lm` (a `LanguageModelSizes`) for `vocab_size`."""
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "vocab_size"]
+        return cls(vocab_size=vocab_size, **{name: getattr(sizes, name) for name in names})
+
     @property
     def head_dim(self) -> int:  # H
         return self.model_dim // self.num_heads

@@ -69,13 +69,9 @@ def experiment(model: str, sizes, device) -> Experiment:
         elif model == "transformer":
             lm, part = sizes.lm, sizes.checkpoint
             corpus = jaxloops.load_stdlib_corpus(part.lm_text_bytes)
-            windows = jaxloops.spaced_windows(corpus.train, lm.seq_len, part.lm_windows)
+            windows = jaxloops.spaced_windows(corpus.train, lm.max_len, part.lm_windows)
             data = jax.device_put(windows)  # x and y: (windows, T)
-            config = jaxloops.TransformerConfig(
-                vocab_size=VOCAB_SIZE, num_layers=lm.layers, model_dim=lm.model_dim,
-                num_heads=lm.heads, num_kv_heads=lm.kv_heads, hidden_dim=lm.hidden_dim,
-                max_len=lm.seq_len,
-            )  # fmt: skip
+            config = jaxloops.TransformerConfig.from_sizes(lm, VOCAB_SIZE)  # fmt: skip
             init_params = lambda: jaxloops.init_transformer(init_key, config)
             optimizer = jaxloops.make_optimizer(lm.learning_rate, lm.weight_decay)
             loss, batch_size = jaxloops.transformer_loss, lm.batch_size
