@@ -174,13 +174,14 @@ def check(out: pathlib.Path, stand_in: bool = False) -> int:
 
 # --- what is carried to the device -----------------------------------------------------------
 
-# What the device's Python 3.12 has (JAX 0.11 with its CUDA 13 plugin, optax, numpy, matplotlib,
-# scikit-learn, pytest) and what they pull in: fetch_wheels.sh drops these wheels.
+# What the device's Python 3.12 has: JAX 0.11 with its CUDA 13 plugin, optax, numpy, matplotlib,
+# scikit-learn, pytest, and what pip installs with them (as requirements-device.txt installs
+# them for .ci/rehearse_device). fetch_wheels.sh drops these wheels.
 DEVICE_PACKAGES = frozenset(
-    "jax jaxlib jax_cuda13_plugin jax_cuda13_pjrt optax chex absl_py toolz numpy scipy "
-    "ml_dtypes opt_einsum matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing "
-    "python_dateutil six packaging scikit_learn joblib threadpoolctl narwhals pytest iniconfig "
-    "pluggy pygments tzdata cloudpickle typing_extensions".split()
+    "jax jaxlib jax_cuda13_plugin jax_cuda13_pjrt optax absl_py numpy scipy ml_dtypes "
+    "opt_einsum matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing "
+    "python_dateutil packaging narwhals scikit_learn joblib threadpoolctl pytest iniconfig "
+    "pluggy pygments tzdata cloudpickle".split()
 )
 # Optional imports of what is carried, never used by a build or a test: dropped for space.
 UNUSED_OPTIONAL = frozenset({"uvloop", "debugpy", "jedi", "parso"})
