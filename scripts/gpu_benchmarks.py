@@ -70,7 +70,8 @@ class Plan:
     mlp_hidden: tuple[int, ...]
     mlp_batch_sizes: tuple[int, ...]
     mlp_steps: int
-    lm_steps: int  # train steps of the LM per timed call (its sizes: experiment_sizes().lm)
+    lm: dict  # chapter 11's LanguageModelSizes, as a dict
+    lm_steps: int  # train steps of the LM per timed call
 
 
 def make_plan(rehearse: bool) -> Plan:
@@ -80,6 +81,8 @@ def make_plan(rehearse: bool) -> Plan:
     sizes = jaxloops.experiment_sizes()
     attention = sizes.attention
     if rehearse:
+        toy_lm = dataclasses.replace(sizes.lm, layers=1, model_dim=32, heads=2, kv_heads=1,
+                                     hidden_dim=64, seq_len=32, batch_size=4)  # fmt: skip
         return Plan(
             lengths=(64, 128),
             goal_length=64,
@@ -96,6 +99,7 @@ def make_plan(rehearse: bool) -> Plan:
             mlp_hidden=(32, 32),
             mlp_batch_sizes=(16,),
             mlp_steps=5,
+            lm=dataclasses.asdict(toy_lm),
             lm_steps=2,
         )
     return Plan(
@@ -114,6 +118,7 @@ def make_plan(rehearse: bool) -> Plan:
         mlp_hidden=sizes.loop.hidden,
         mlp_batch_sizes=sizes.loop.throughput_batch_sizes,
         mlp_steps=sizes.loop.throughput_steps,
+        lm=dataclasses.asdict(sizes.lm),
         lm_steps=10,
     )
 

@@ -5,7 +5,6 @@
 several calls long).
 """
 
-import dataclasses
 import statistics
 import time
 
@@ -222,25 +221,27 @@ def lm_point(run) -> dict:
     from jaxloops import measure
     from jaxloops.measure import published
 
-    lm, key = jaxloops.experiment_sizes().lm, jax.random.key(0)
+    lm, key = run.plan.lm, jax.random.key(0)
     config = jaxloops.TransformerConfig(
-        vocab_size=jaxloops.text.VOCAB_SIZE, num_layers=lm.layers, model_dim=lm.model_dim,
-        num_heads=lm.heads, num_kv_heads=lm.kv_heads, hidden_dim=lm.hidden_dim,
-        max_len=lm.seq_len,
+        vocab_size=jaxloops.text.VOCAB_SIZE, num_layers=lm["layers"], model_dim=lm["model_dim"],
+        num_heads=lm["heads"], num_kv_heads=lm["kv_heads"], hidden_dim=lm["hidden_dim"],
+        max_len=lm["seq_len"],
     )  # fmt: skip
-    shape = (run.plan.lm_steps, lm.batch_size, lm.seq_len)  # (steps, B, T)
+    shape = (run.plan.lm_steps, lm["batch_size"], lm["seq_len"])  # (steps, B, T)
     tokens = jax.random.randint(key, shape, 0, config.vocab_size)
     with jax.default_matmul_precision("highest"):
         params = jaxloops.init_transformer(key, config)
-        optimizer = jaxloops.make_optimizer(lm.learning_rate, lm.weight_decay)
+        optimizer = jaxloops.make_optimizer(lm["learning_rate"], lm["weight_decay"])
         train_step = jaxloops.make_train_step(jaxloops.transformer_loss, optimizer)
         row = measure.scan_throughput(train_step, params, optimizer.init(params),
                                       jaxloops.Batch(tokens, tokens), run.plan.samples)  # fmt: skip
-    model_flops = lm_model_flops(params, lm.batch_size, lm.seq_len, lm.layers, lm.model_dim)
+    model_flops = lm_model_flops(
+        params, lm["batch_size"], lm["seq_len"], lm["layers"], lm["model_dim"]
+    )
     rate = model_flops * row["steps_per_s"]
     ceiling = next((c["flops_per_s"] for c in run.results["ceilings"] if c["name"] == "f32"), None)
     peaks = published.published_peaks(run.results["facts"]["device_kind"])
-    return {**row, "precision": "highest", "sizes": dataclasses.asdict(lm),
+    return {**row, "precision": "highest", "sizes": lm,
             "model_flops_per_step": model_flops, "model_flops_per_s": rate,
             "mfu_of_measured_f32": rate / ceiling if ceiling else None,
             "mfu_of_published_f32": rate / peaks.f32_flops_per_s if peaks else None}  # fmt: skip

@@ -32,7 +32,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAND_IN=0
-if [ "${1:-}" = "--stand-in" ]; then STAND_IN=1; shift; fi
+case "${1:-}" in --stand-in|--rehearse) STAND_IN=1; shift ;; esac  # --rehearse: its old name
 OUT_DIR=${1:-gpu-run}
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
@@ -146,7 +146,7 @@ fi
 
 workers=8; [ "$STAND_IN" = 1 ] && workers=auto
 stage tests env JAX_DEFAULT_MATMUL_PRECISION=highest \
-  "$PY" -m pytest -p no:cacheprovider -v -n "$workers" -rfE --durations=10
+  "$PY" -m pytest -p no:cacheprovider -o addopts= -v -n "$workers" -rfE --durations=10
 
 stage rest "$PY" "${BENCH[@]}" rest --out "$OUT_DIR" "${BENCH_MODE[@]}"
 
