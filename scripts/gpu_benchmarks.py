@@ -74,11 +74,12 @@ class Plan:
     lm_steps: int  # train steps of the LM per timed call
 
 
-def make_plan(rehearse: bool) -> Plan:
-    """The GPU plan from experiment_sizes(); the rehearsal's toy plan runs the same points."""
+def make_plan(rehearse: bool, backend: str | None = None) -> Plan:
+    """The plan from experiment_sizes(backend); the rehearsal's toy plan runs the same kinds of
+    point at toy sizes."""
     import jaxloops
 
-    sizes = jaxloops.experiment_sizes()
+    sizes = jaxloops.experiment_sizes(backend)
     attention = sizes.attention
     if rehearse:
         toy_lm = dataclasses.replace(sizes.lm, layers=1, model_dim=32, heads=2, kv_heads=1,

@@ -16,9 +16,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_run_tools as tools  # noqa: E402 - scripts/ is put on the path just above
 
 
-def test_each_limit_is_its_measured_cpu_time_times_its_gpu_factor_rounded_up_to_5_s():
+def test_each_limit_is_its_measured_cpu_time_times_its_gpu_factor_and_margin_rounded_up():
     for stage in tools.STAGES:
-        limit = stage.cpu_seconds * stage.gpu_factor
+        limit = stage.cpu_seconds * stage.gpu_factor * tools.DEVICE_MARGIN
         assert stage.limit % 5 == 0 and limit <= stage.limit < limit + 5
     assert sum(tools.stage_limits().values()) <= tools.TOTAL_LIMIT == 540
 
@@ -136,3 +136,9 @@ def test_without_a_gpu_the_run_stops_after_setup_with_every_stage_recorded(tmp_p
     assert stages["setup"]["status"] == "failed" and "JAX sees no GPU" in stages["setup"]["detail"]
     assert {stages[n]["status"] for n in ("first", "book", "tests", "rest")} == {"skipped"}
     assert "Traceback" not in run.stdout + run.stderr
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="a copy of the tree without git")
+def test_the_default_output_folder_is_git_ignored():
+    ignored = subprocess.run(["git", "check-ignore", "-q", "gpu-run/results.json"], cwd=ROOT)
+    assert ignored.returncode == 0
