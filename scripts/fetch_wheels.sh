@@ -15,10 +15,12 @@ for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manyl
   platforms+=(--platform "$p")
 done
 # The versions of requirements.txt, so the device builds the book with the tools CI tests.
+# nest-asyncio: orbax-checkpoint needs it to save from a notebook's running event loop under
+# Python 3.12 (chapter 13 failed without it in the rehearsal), and nothing else pulls it in.
 python3 -m pip download --quiet --only-binary=:all: --python-version "$PY_VERSION" --implementation cp \
   "${platforms[@]}" -d .whl \
   jupyter-book==1.0.4.post1 myst-nb==1.4.0 jupytext==1.19.6 sphinxcontrib-bibtex==2.7.0 \
-  ipykernel==7.4.0 nbclient orbax-checkpoint==0.12.8 pytest-xdist==3.8.0
+  ipykernel==7.4.0 nbclient orbax-checkpoint==0.12.8 pytest-xdist==3.8.0 nest-asyncio==1.6.0
 # Already on the GPU machine, large, or never imported: drop them here (gpu_run.sh also skips any
 # other wheel whose package the machine turns out to have).
 python3 scripts/gpu_run_tools.py wheels .whl --drop-device-packages

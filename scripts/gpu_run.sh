@@ -96,7 +96,7 @@ setup() {
     echo "JAX sees no GPU (its backend is $backend): nothing to measure; --stand-in runs this path on the CPU"
     return 3
   fi
-  local needed="import jaxloops, jupyter_book, myst_nb, jupytext, nbclient, ipykernel, xdist"
+  local needed="import jaxloops, jupyter_book, myst_nb, jupytext, nbclient, ipykernel, xdist, nest_asyncio"
   if ! "$PY" -c "$needed" 2>/dev/null; then
     [ -d "$WHEELS" ] || { echo "the build tools are missing and there is no $WHEELS/: run scripts/fetch_wheels.sh where there is network and carry .whl"; return 1; }
     local wanted; mapfile -t wanted < <("$PY" "${TOOLS[@]}" wheels "$WHEELS")
