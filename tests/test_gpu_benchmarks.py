@@ -45,7 +45,8 @@ def test_model_flops_count_6_per_weight_per_token_plus_the_attention_scores():
 
 
 def test_a_crash_in_one_measurement_loses_only_that_one(tmp_path):
-    env = {**os.environ, bench.CRASH_AT: "ceiling f32", "PYTHONPATH": str(ROOT / "code")}
+    path = os.pathsep.join(filter(None, [str(ROOT / "code"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, bench.CRASH_AT: "ceiling f32", "PYTHONPATH": path}
     only = "ceiling f32,ceiling bf16"
     run = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "gpu_benchmarks.py"), "first", "--rehearse",
