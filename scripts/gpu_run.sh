@@ -89,9 +89,10 @@ stage() {
 }
 
 setup() {
-  "$PY" -c "import sys, jax; print('Python', sys.version.split()[0], 'JAX', jax.__version__, jax.devices())" \
+  local found backend  # one JAX start-up: its backend, then what it found
+  found=$("$PY" -c "import sys, jax; print(jax.default_backend()); print('Python', sys.version.split()[0], 'JAX', jax.__version__, jax.devices())") \
     || { echo "$PY has no working JAX"; return 1; }
-  local backend; backend=$("$PY" -c "import jax; print(jax.default_backend())")
+  backend=${found%%$'\n'*}; echo "${found#*$'\n'}"
   if [ "$STAND_IN" = 0 ] && [ "$backend" != gpu ]; then
     echo "JAX sees no GPU (its backend is $backend): nothing to measure; --stand-in runs this path on the CPU"
     return 3
