@@ -1,146 +1,157 @@
 #!/usr/bin/env bash
-# The GPU run, one command, time-boxed, most valuable first. On a machine with a CUDA GPU:
+# The GPU run: one command, time-boxed, most valuable first. On the GPU machine, in the
+# repository's root, with .whl/ (scripts/fetch_wheels.sh) carried beside the tree:
 #
-#   scripts/gpu_run.sh [OUT_DIR]              # default OUT_DIR: gpu-run/
-#   scripts/gpu_run.sh --rehearse [OUT_DIR]   # the same stages on any machine, toy sizes (CI)
+#   scripts/gpu_run.sh [OUT_DIR]              # default OUT_DIR: gpu-run/ (git-ignored)
+#   scripts/gpu_run.sh --stand-in [OUT_DIR]   # the same path with the CPU standing in (CI)
 #
-# Stages, each under its own limit (seconds, override with LIMIT_<STAGE>=...), and never past
-# LIMIT_TOTAL (default 540 s = 9 minutes) for the whole:
-#   setup  45   a Python whose JAX sees the GPU; the book's build tools (from .whl/ offline)
-#   first 120   implementation report, matmul ceilings (f32 HIGHEST, TF32, bf16), memory read
-#               bandwidth, cuDNN bf16 sweep, and naive/XLA at the goal length
-#   book  210   the strict book build on the GPU -> OUT_DIR/html.tar.gz, book.log
-#   tests  60   the test suite on the GPU -> tests.log
-#   rest   75   the rest of the attention sweep, causal sweep, MLP throughput, plot
-# OUT_DIR/results.json is rewritten after every measured point and every stage, so a stage
-# that times out still leaves what it measured; each stage's status (ok, failed, timeout,
-# skipped), seconds and last log lines are in its "stages" section. The run ends with
-# `gpu_benchmarks.py check`, which lists every problem; exit status 0 only if there is none.
-# Then copy OUT_DIR/results.json to results/gpu/results.json and rebuild: the appendix
-# "Measured on a GPU" and the chapter sidebars render it.
+# Stages, most valuable first, each under its own limit and never past 540 s in all; the limits
+# come from `scripts/gpu_run_tools.py limits` (measured CPU seconds x a stated GPU factor, the
+# table in the README; LIMIT_<STAGE>=... overrides one):
+#   setup  JAX sees the GPU; the build tools installed from .whl/ (pip --no-index), skipping
+#          every package this Python already has
+#   first  implementation report, matmul ceilings, read bandwidth, cuDNN bf16 sweep with naive
+#          and XLA at the goal length, chapter 6's MLP rows, chapter 11's LM step and its MFU;
+#          each measured in a child process that saves it at once (a crash loses only it)
+#   book   the strict book build (BOOK_CHAPTERS="06 12 13" builds those chapters alone)
+#   tests  the test suite, one line per test as it ends (a timeout keeps the lines so far)
+#   rest   the rest of the attention sweep, the causal sweep, the plot
+# OUT_DIR then holds at most 5 files (the device hands back 8): results.json (every section,
+# each stage's status, seconds and detail), stages.json (the same stage records: all there is
+# when setup fails), logs.tar.gz (every stage's log, rewritten after each stage), html.tar.gz
+# (only if the book built) and attention_latency.png. A failed book build's detail is its
+# failing cell. The run ends with `gpu_run_tools.py check`: exit 0 only if there is no problem.
+# Where JAX sees no GPU, setup says so and every other stage is skipped (exit 2).
 #
-# --rehearse runs every stage's code on the CPU at toy sizes in well under a minute; the book
-# and the tests are reported as skipped (CI runs them itself with make book / make test).
+# --stand-in: the CPU stands in for the GPU (.ci/rehearse_device runs it offline, Python 3.12
+# as python3): the same stages, the benchmarks at toy sizes (the file says rehearsal: true),
+# limits of the measured CPU seconds x 1.5.
 #
-# Environment for every stage: XLA_PYTHON_CLIENT_PREALLOCATE=false, so that test workers and
-# notebook kernels share the GPU instead of each grabbing 75 % of its memory; the book and the
-# tests also get JAX_DEFAULT_MATMUL_PRECISION=highest (float32 means float32, not TF32).
-#
-# Python: if $PYTHON (default python3) imports a JAX that sees a GPU -- e.g. a machine with
-# JAX and its CUDA 13 plugin preinstalled -- it is used as it is; packages it lacks
-# (jupyter-book, myst-nb, ...) are installed from wheels in $WHEELS (default .whl/, made by
-# scripts/fetch_wheels.sh where there is network) with pip --no-index, else from the index.
-# Otherwise a .venv with requirements-cuda12.txt is made by `make venv`.
+# Environment: XLA_PYTHON_CLIENT_PREALLOCATE=false (test workers and notebook kernels share the
+# GPU); the book and the tests get JAX_DEFAULT_MATMUL_PRECISION=highest (float32, not TF32).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-REHEARSE=0
-if [ "${1:-}" = "--rehearse" ]; then REHEARSE=1; shift; fi
+STAND_IN=0
+case "${1:-}" in --stand-in|--rehearse) STAND_IN=1; shift ;; esac  # --rehearse: its old name
 OUT_DIR=${1:-gpu-run}
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
-rm -f "$OUT_DIR/results.json" "$OUT_DIR/stages.json"
-export PYTHONUNBUFFERED=1  # no MPLBACKEND: the book needs the inline backend for its figures
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
-export PYTHONPATH="$PWD/code${PYTHONPATH:+:$PYTHONPATH}"
-LIMIT_TOTAL=${LIMIT_TOTAL:-540}
-START=$(date +%s)
+rm -f "$OUT_DIR"/{results.json,stages.json,logs.tar.gz,html.tar.gz,attention_latency.png}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/jaxloops-gpu-run.XXXXXX")  # logs and the build, bundled
+mkdir -p "$WORK/logs"
 PY=${PYTHON:-python3}
-[ "$REHEARSE" = 1 ] && [ -x .venv/bin/python ] && PY=${PYTHON:-.venv/bin/python}
+WHEELS=${WHEELS:-.whl}
+SITE=${SITE:-${TMPDIR:-/tmp}/jaxloops-site}  # where the carried wheels are installed
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+export PYTHONPATH="$PWD/code:$SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH"
+TOOLS=(scripts/gpu_run_tools.py)
 BENCH=(scripts/gpu_benchmarks.py)
-[ "$REHEARSE" = 1 ] && REHEARSE_FLAG=(--rehearse) || REHEARSE_FLAG=()
+MODE=(); [ "$STAND_IN" = 1 ] && MODE=(--stand-in)
+BENCH_MODE=(); [ "$STAND_IN" = 1 ] && BENCH_MODE=(--rehearse)
+START=$(date +%s)
 
-# stage NAME LIMIT COMMAND...: runs COMMAND under min(LIMIT, time left), logs to NAME.log,
-# and records ok / failed / timeout with the seconds and the log's last lines.
+limits=$("$PY" "${TOOLS[@]}" limits "${MODE[@]}") || { echo "$PY cannot run ${TOOLS[0]}"; exit 2; }
+while read -r name seconds; do
+  var="LIMIT_${name^^}"
+  [ -n "${!var:-}" ] || printf -v "$var" %s "$seconds"
+done <<< "$limits"
+
+elapsed() { local ms=$(( ($(date +%s%N) - $1) / 1000000 )); echo "$(( ms / 1000 )).$(( ms % 1000 / 100 ))"; }
+bundle() { tar czf "$OUT_DIR/logs.tar.gz" -C "$WORK" logs; }
+record() {
+  "$PY" "${TOOLS[@]}" record --out "$OUT_DIR" "$1" "$2" "$3" --detail "$4" \
+    || echo "{\"$1\": \"$2 ($4)\"}" >> "$WORK/logs/unrecorded.jsonl"
+  bundle
+}
+skip() { echo "== stage $1 skipped: $2"; record "$1" skipped 0 "$2"; }
+last_lines() { tail -n "$2" "$1" | tr '\n' ' ' | cut -c1-800; }
+
+# stage NAME COMMAND...: runs COMMAND under min(its limit, the time left), logs it, records it.
 stage() {
-  local name=$1 limit=$2; shift 2
-  local left=$(( LIMIT_TOTAL - ($(date +%s) - START) ))
+  local name=$1; shift
+  local var="LIMIT_${name^^}" log="$WORK/logs/$name.log"
+  local limit=${!var} left=$(( LIMIT_TOTAL - ($(date +%s) - START) ))
   [ "$left" -lt "$limit" ] && limit=$left
   if [ "$limit" -le 5 ]; then
-    record "$name" timeout 0 "not started: the run's ${LIMIT_TOTAL} s were spent"
-    return
+    record "$name" timeout 0 "not started: the run's ${LIMIT_TOTAL} s were spent"; return
   fi
   echo "== stage $name (limit ${limit} s)"
-  local t0 rc status
+  local t0 rc status detail
   t0=$(date +%s%N)
-  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$OUT_DIR/$name.log"
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
-  case $rc in
-    0) status=ok ;;
-    124|137) status=timeout ;;
-    *) status=failed ;;
-  esac
-  record "$name" "$status" "$(elapsed "$t0")" \
-    "exit $rc; limit ${limit} s; $(tail -n 5 "$OUT_DIR/$name.log" | tr '\n' ' ' | cut -c1-800)"
+  case $rc in 0) status=ok ;; 124|137) status=timeout ;; *) status=failed ;; esac
+  detail="exit $rc; limit ${limit} s; $(last_lines "$log" 5)"
+  if [ "$name" = book ] && [ "$rc" != 0 ]; then
+    detail="exit $rc; limit ${limit} s; $("$PY" "${TOOLS[@]}" failing-cell "$log" | cut -c1-1900)"
+  fi
+  record "$name" "$status" "$(elapsed "$t0")" "$detail"
 }
-record() {
-  "$PY" "${BENCH[@]}" record --out "$OUT_DIR" "$1" "$2" "$3" --detail "$4" \
-    || echo "{\"$1\": \"$2 ($4)\"}" >> "$OUT_DIR/stages-unrecorded.jsonl"
-}
-elapsed() { local ms=$(( ($(date +%s%N) - $1) / 1000000 )); echo "$(( ms / 1000 )).$(( ms % 1000 / 100 ))"; }
-skip() { record "$1" skipped 0 "$2"; echo "== stage $1 skipped: $2"; }
 
 setup() {
-  if [ "$REHEARSE" = 1 ]; then
-    "$PY" -c "import jax, jaxloops; print('rehearsal with JAX', jax.__version__, jax.devices())"
-    return
+  local found backend  # one JAX start-up: its backend, then what it found
+  found=$("$PY" -c "import sys, jax; print(jax.default_backend()); print('Python', sys.version.split()[0], 'JAX', jax.__version__, jax.devices())") \
+    || { echo "$PY has no working JAX"; return 1; }
+  backend=${found%%$'\n'*}; echo "${found#*$'\n'}"
+  if [ "$STAND_IN" = 0 ] && [ "$backend" != gpu ]; then
+    echo "JAX sees no GPU (its backend is $backend): nothing to measure; --stand-in runs this path on the CPU"
+    return 3
   fi
-  if "$PY" -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')"; then
-    echo "using $PY with its own JAX: $("$PY" -c 'import jax; print(jax.__version__, jax.devices())')"
-    if ! "$PY" -c "import jupyter_book, myst_nb, jupytext, nbclient" 2>/dev/null; then
-      SITE=${SITE:-/tmp/jaxloops-site}
-      if [ -d "${WHEELS:-.whl}" ]; then
-        timeout "$LIMIT_SETUP" "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
-          "${WHEELS:-.whl}"/*.whl || return 1
-      else
-        timeout "$LIMIT_SETUP" "$PY" -m pip install -q --target "$SITE" jupyter-book==1.0.4.post1 \
-          myst-nb==1.4.0 jupytext sphinxcontrib-bibtex || return 1
-      fi
-    fi
-  else
-    timeout "$LIMIT_SETUP" make venv || return 1
-    .venv/bin/python -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')" || { echo "JAX sees no GPU"; return 1; }
+  local needed="import jaxloops, jupyter_book, myst_nb, jupytext, nbclient, ipykernel, xdist, nest_asyncio"
+  if ! "$PY" -c "$needed" 2>/dev/null; then
+    [ -d "$WHEELS" ] || { echo "the build tools are missing and there is no $WHEELS/: run scripts/fetch_wheels.sh where there is network and carry .whl"; return 1; }
+    local wanted; mapfile -t wanted < <("$PY" "${TOOLS[@]}" wheels "$WHEELS")
+    echo "installing ${#wanted[@]} of $(ls "$WHEELS"/*.whl | wc -l) wheels into $SITE (the others are packages $PY has)"
+    timeout "$LIMIT_SETUP" "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade \
+      --target "$SITE" "${wanted[@]}" || return 1
   fi
-  "$PY" -c "import jax; jax.print_environment_info()" | head -20
-  if [ ! -d book/_static/mathjax ]; then  # git-ignored; `make mathjax` fetches it with npm
-    mkdir -p book/_static
-    echo "no book/_static/mathjax: the GPU build's pages will not typeset maths (carry it)"
-  fi
+  "$PY" -c "$needed; print('imports: ok')" || return 1
+  "$PY" -m pip check || echo "(pip check is informational: the run goes on)"
+  mkdir -p book/_static  # html_static_path; MathJax (book/_static/mathjax) only if carried
+  [ -d book/_static/mathjax ] || echo "no book/_static/mathjax: this build's pages show maths as TeX"
 }
 
-# setup chooses $PY and $PATH, so it runs as a function; its limit applies to each install.
-LIMIT_SETUP=${LIMIT_SETUP:-45}
 t0=$(date +%s%N)
-setup 2>&1 | tee "$OUT_DIR/setup.log"
-setup_rc=${PIPESTATUS[0]}
-if [ "$REHEARSE" = 0 ]; then
-  SITE=${SITE:-/tmp/jaxloops-site}
-  if [ -d "$SITE" ]; then
-    export PYTHONPATH="$PYTHONPATH:$SITE" PATH="$SITE/bin:$PATH"
-  fi
-  if ! "$PY" -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')" 2>/dev/null; then
-    PY=.venv/bin/python; export PATH="$PWD/.venv/bin:$PATH"
-  fi
+echo "== stage setup (limit ${LIMIT_SETUP} s per install)"
+setup > "$WORK/logs/setup.log" 2>&1
+setup_rc=$?
+cat "$WORK/logs/setup.log"
+if [ "$setup_rc" != 0 ]; then
+  record setup failed "$(elapsed "$t0")" "$(last_lines "$WORK/logs/setup.log" 3)"
+  why="setup failed"; [ "$setup_rc" = 3 ] && why="JAX sees no GPU"
+  for name in first book tests rest; do skip "$name" "$why"; done
+  "$PY" "${TOOLS[@]}" check "$OUT_DIR" "${MODE[@]}"
+  rm -rf "$WORK"
+  [ "$setup_rc" = 3 ] && exit 2 || exit 1
 fi
-[ "$setup_rc" = 0 ] && setup_status=ok || setup_status=failed
-record setup "$setup_status" "$(elapsed "$t0")" "$(tail -n 3 "$OUT_DIR/setup.log" | tr '\n' ' ' | cut -c1-800)"
+record setup ok "$(elapsed "$t0")" "$(last_lines "$WORK/logs/setup.log" 3)"
 
-stage first "${LIMIT_FIRST:-120}" "$PY" "${BENCH[@]}" first --out "$OUT_DIR" "${REHEARSE_FLAG[@]}"
+stage first "$PY" "${BENCH[@]}" first --out "$OUT_DIR" "${BENCH_MODE[@]}"
 
-if [ "$REHEARSE" = 1 ]; then
-  skip book "rehearsal: no GPU; CI builds the book with make book"
-  skip tests "rehearsal: no GPU; CI runs the suite with make test"
+toc=()
+if [ -n "${BOOK_CHAPTERS:-}" ]; then  # the index, the chapters named, the pages without a number
+  grep -v -E '^  - file: book/[0-9]{2}_' _toc.yml > "$WORK/_toc.yml"
+  for n in $BOOK_CHAPTERS; do grep -E "^  - file: book/${n}_" _toc.yml; done > "$WORK/chapters"
+  sed -i "/^chapters:/r $WORK/chapters" "$WORK/_toc.yml"
+  toc=(--toc "$WORK/_toc.yml")
+fi
+stage book env -u MPLBACKEND JAXLOOPS_STRICT=1 JAX_DEFAULT_MATMUL_PRECISION=highest \
+  JAXLOOPS_ROOFLINE="$WORK/roofline.json" \
+  "$PY" -c "from jupyter_book.cli.main import main; main()" build . "${toc[@]}" \
+  --path-output "$WORK/build" --warningiserror --nitpick --keep-going
+if [ -s "$WORK/build/_build/html/index.html" ]; then
+  tar czf "$OUT_DIR/html.tar.gz" -C "$WORK/build/_build" html
 else
-  stage book "${LIMIT_BOOK:-210}" env -u MPLBACKEND JAX_DEFAULT_MATMUL_PRECISION=highest \
-    JAXLOOPS_ROOFLINE="$OUT_DIR/roofline.json" \
-    "$PY" -c "from jupyter_book.cli.main import main; main()" build . \
-    --path-output "$OUT_DIR/build" --warningiserror --nitpick --keep-going
-  [ -d "$OUT_DIR/build/_build/html" ] && tar czf "$OUT_DIR/html.tar.gz" -C "$OUT_DIR/build/_build" html
-  rm -rf "$OUT_DIR/build"
-  stage tests "${LIMIT_TESTS:-60}" env JAX_DEFAULT_MATMUL_PRECISION=highest \
-    "$PY" -m pytest -p no:cacheprovider -q -n 8 --durations=10
+  echo "no HTML was built: no html.tar.gz"
 fi
 
-stage rest "${LIMIT_REST:-75}" "$PY" "${BENCH[@]}" rest --out "$OUT_DIR" "${REHEARSE_FLAG[@]}"
+workers=8; [ "$STAND_IN" = 1 ] && workers=auto
+stage tests env JAX_DEFAULT_MATMUL_PRECISION=highest \
+  "$PY" -m pytest -p no:cacheprovider -o addopts= -v -n "$workers" -rfE --durations=10
 
-echo "== whole run: $(( $(date +%s) - START )) s; results in $OUT_DIR"
-"$PY" "${BENCH[@]}" check "$OUT_DIR/results.json"
+stage rest "$PY" "${BENCH[@]}" rest --out "$OUT_DIR" "${BENCH_MODE[@]}"
+
+echo "== whole run: $(( $(date +%s) - START )) s of ${LIMIT_TOTAL} s; results in $OUT_DIR"
+bundle
+rm -rf "$WORK"
+"$PY" "${TOOLS[@]}" check "$OUT_DIR" "${MODE[@]}"

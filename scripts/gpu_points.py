@@ -1,0 +1,262 @@
+"""The measurements of a GPU run, one function per point: each returns its row of results.json.
+
+`run` is scripts/gpu_benchmarks.py's Run: its plan (sizes), results so far, output folder, and
+`fail` (keeps an error with its message). Timing: `time_per_call` (median of samples, each
+several calls long).
+"""
+
+import statistics
+import time
+
+MIN_SAMPLE_SECONDS = 1e-3  # one timed sample: several calls, at least this long
+MAX_CALLS_PER_SAMPLE = 4096
+ATTENTION_BATCH = 4  # B of the GPU sweep: enough (B, N) pairs to fill the GPU at short T
+# (name, label, dtype, precision): the ceiling table.
+CEILINGS = (
+    ("f32", "float32, precision HIGHEST (full float32)", "float32", "highest"),
+    ("tf32", "float32 in TF32 (what DEFAULT runs on Hopper)", "float32", "TF32_TF32_F32"),
+    ("bf16", "bfloat16 inputs, float32 accumulation", "bfloat16", "default"),
+)
+# The rest of the attention sweep, after the cuDNN bf16 points and the goal's points.
+REST_REQUESTS = (
+    ("naive", "bfloat16"),
+    ("xla", "bfloat16"),
+    ("cudnn", "float16"),
+    ("blockwise", "bfloat16"),
+    ("xla", "float32"),
+)
+MATERIALISING = ("naive", "xla")  # implementations that build the (B, N, T, S) scores
+
+
+# --- timing ----------------------------------------------------------------------------
+
+
+def _run_calls(fn, args, calls: int) -> float:
+    import jax
+
+    start = time.perf_counter()
+    out = None
+    for _ in range(calls):  # queued back to back: the device, not Python, sets the pace
+        out = fn(*args)
+    jax.block_until_ready(out)
+    return time.perf_counter() - start
+
+
+def time_per_call(fn, args, *, samples: int, min_sample_seconds: float) -> dict:
+    """Median seconds per call of a compiled `fn`, each sample several calls long.
+
+    A fast kernel (tens of microseconds) timed one call at a time measures dispatch and
+    synchronisation; here the calls per sample double until a sample lasts at least
+    `min_sample_seconds`, then double once more, so a faster moment later still leaves the
+    samples above that floor.
+    """
+    _run_calls(fn, args, 1)  # warm: compiled already, this loads and runs it once
+    calls = 1
+    # The shorter of two tries decides, so one slow moment cannot end the doubling early.
+    while calls < MAX_CALLS_PER_SAMPLE and (
+        min(_run_calls(fn, args, calls) for _ in range(2)) < min_sample_seconds
+    ):
+        calls *= 2
+    calls = min(2 * calls, MAX_CALLS_PER_SAMPLE)
+    times = [_run_calls(fn, args, calls) for _ in range(samples)]
+    return {
+        "seconds": statistics.median(times) / calls,
+        "calls_per_sample": calls,
+        "shortest_sample_seconds": min(times),
+    }
+
+
+# --- the points ------------------------------------------------------------------------
+
+
+def precision_of(dtype: str) -> str:
+    return "highest" if dtype == "float32" else "default"
+
+
+def draw_qkv(plan, length: int, dtype: str):
+    import jax
+
+    from jaxloops.measure import sweeps
+
+    return sweeps.random_qkv(
+        jax.random.key(length), batch=plan.batch, length=length, heads=plan.heads,
+        head_dim=plan.head_dim, dtype=dtype,
+    )  # fmt: skip
+
+
+def costs(fn, qkv, name: str) -> dict:
+    """Scratch bytes and FLOPs of the compiled call (FLOPs only where cost analysis sees them:
+    a loop body (blockwise) and a fused kernel (cuDNN) hide theirs)."""
+    from jaxloops import measure
+
+    found = measure.compiled_costs(fn, *qkv)
+    return {"temp_bytes": found["temp_bytes"],
+            "flops": found["flops"] if name in MATERIALISING else None}  # fmt: skip
+
+
+def attention_point(run, name: str, dtype: str, length: int, is_causal=False) -> dict:
+    """One (implementation, dtype, T = S) point: checked run, compiled costs, timing."""
+    import jax
+
+    from jaxloops import measure
+
+    plan = run.plan
+    row = {"implementation": name, "dtype": dtype, "precision": precision_of(dtype),
+           "T": int(length), "is_causal": bool(is_causal), "temp_bytes": None, "flops": None,
+           "seconds": None, "calls_per_sample": None, "shortest_sample_seconds": None,
+           "cudnn_kernel": False, "error": ""}  # fmt: skip
+    fn = measure.attention_fn(name, is_causal=is_causal, block_size=plan.block_size)
+    qkv = draw_qkv(plan, length, dtype)
+    try:
+        with jax.default_matmul_precision(precision_of(dtype)):
+            if name in MATERIALISING and length > plan.materialise_max_length:
+                row.update(costs(fn, qkv, name))
+                gib = row["temp_bytes"] / 2**30
+                row["error"] = f"not run: compiled only, needs {gib:.3g} GiB of scratch"
+                return row
+            # One checked run: compiles, warms up, and keeps a refusal's text.
+            _, record = measure.run_attention(
+                name, *qkv, is_causal=is_causal, block_size=plan.block_size
+            )
+            if not record["works"]:
+                row["error"] = record["error"]
+                return row
+            row["cudnn_kernel"] = record["cudnn_kernel"]
+            row.update(costs(fn, qkv, name))
+            timed = time_per_call(jax.jit(fn), qkv, samples=plan.samples,
+                                  min_sample_seconds=plan.min_sample_seconds)  # fmt: skip
+            row.update(timed)
+    except Exception as error:  # noqa: BLE001 - compile or run: out of memory, XLA, ...
+        causal = " causal" if is_causal else ""
+        row["error"] = run.fail(f"attention {name} {dtype} T={length}{causal}", error)
+    return row
+
+
+def ceiling_point(run, name: str) -> dict:
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    _, label, dtype, precision = next(c for c in CEILINGS if c[0] == name)
+    n = run.plan.matmul_size
+    if precision == "TF32_TF32_F32" and jax.default_backend() != "gpu":
+        precision = "high"
+    row = {"name": name, "label": label, "dtype": dtype, "precision": precision, "size": n}
+    row.update(flops_per_s=None, seconds=None, error="")
+    rng = np.random.default_rng(0)
+    a, b = (jnp.asarray(rng.standard_normal((n, n), np.float32), dtype) for _ in range(2))
+    matmul = jax.jit(functools.partial(jnp.matmul, precision=precision))
+    row.update(time_per_call(matmul, (a, b), samples=run.plan.samples,
+                             min_sample_seconds=MIN_SAMPLE_SECONDS))  # fmt: skip
+    row["flops_per_s"] = 2.0 * n**3 / row["seconds"]
+    return row
+
+
+def bandwidth_point(run) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    big = jnp.ones((run.plan.read_bytes // 4,), jnp.float32)
+    read = jax.jit(lambda x: jnp.sum(x, dtype=jnp.float32))
+    row = {"nbytes": run.plan.read_bytes, "error": ""}
+    row.update(time_per_call(read, (big,), samples=run.plan.samples,
+                             min_sample_seconds=MIN_SAMPLE_SECONDS))  # fmt: skip
+    row["bytes_per_s"] = big.nbytes / row["seconds"]
+    return row
+
+
+def causal_point(run, name: str, length: int) -> dict:
+    full, causal = (attention_point(run, name, "bfloat16", length, is_causal=c) for c in (0, 1))
+    ran = full["seconds"] and causal["seconds"]
+    return {
+        "implementation": name,
+        "dtype": "bfloat16",
+        "T": length,
+        "full_seconds": full["seconds"],
+        "causal_seconds": causal["seconds"],
+        "speedup": full["seconds"] / causal["seconds"] if ran else None,
+        "error": full["error"] or causal["error"],
+    }
+
+
+def mlp_point(run, batch_size: int) -> dict:
+    """Chapter 6's device loop (the digits MLP, a scanned epoch) at one batch size."""
+    import jax
+
+    import jaxloops
+    from jaxloops import measure
+
+    plan, key = run.plan, jax.random.key(0)
+    with jax.default_matmul_precision("highest"):  # float32 means float32, not TF32
+        params = jaxloops.init_mlp(key, (64, *plan.mlp_hidden, 10))
+        optimizer = jaxloops.make_optimizer(3e-3, 1e-2)
+        train_step = jaxloops.make_train_step(jaxloops.mlp_loss, optimizer)
+        batches = measure.random_batches(key, plan.mlp_steps, batch_size, 64, 10)
+        row = measure.scan_throughput(
+            train_step, params, optimizer.init(params), batches, plan.samples
+        )
+    return {**row, "precision": "highest"}
+
+
+def lm_model_flops(params, batch: int, length: int, layers: int, width: int) -> float:
+    """FLOPs of one train step by the usual count: 6 per parameter per token (forward and
+    backward of every weight but the embedding tables) plus the attention scores, 12 L T D per
+    token (the (T, T) products forward and backward, no causal saving counted)."""
+    import jax
+
+    weights = sum(x.size for name, tree in params.items() if name != "embed"
+                  for x in jax.tree.leaves(tree))  # fmt: skip
+    tokens = batch * length
+    return 6.0 * weights * tokens + 12.0 * layers * length * width * tokens
+
+
+def lm_point(run) -> dict:
+    """Chapter 11's train step at the backend's sizes: steps/s and model FLOP utilisation,
+    against the f32 ceiling this run measured and the board's published f32 peak."""
+    import jax
+
+    import jaxloops
+    from jaxloops import measure
+    from jaxloops.measure import published
+
+    lm, key = run.plan.lm, jax.random.key(0)
+    config = jaxloops.TransformerConfig(
+        vocab_size=jaxloops.text.VOCAB_SIZE, num_layers=lm["layers"], model_dim=lm["model_dim"],
+        num_heads=lm["heads"], num_kv_heads=lm["kv_heads"], hidden_dim=lm["hidden_dim"],
+        max_len=lm["seq_len"],
+    )  # fmt: skip
+    shape = (run.plan.lm_steps, lm["batch_size"], lm["seq_len"])  # (steps, B, T)
+    tokens = jax.random.randint(key, shape, 0, config.vocab_size)
+    with jax.default_matmul_precision("highest"):
+        params = jaxloops.init_transformer(key, config)
+        optimizer = jaxloops.make_optimizer(lm["learning_rate"], lm["weight_decay"])
+        train_step = jaxloops.make_train_step(jaxloops.transformer_loss, optimizer)
+        row = measure.scan_throughput(train_step, params, optimizer.init(params),
+                                      jaxloops.Batch(tokens, tokens), run.plan.samples)  # fmt: skip
+    model_flops = lm_model_flops(
+        params, lm["batch_size"], lm["seq_len"], lm["layers"], lm["model_dim"]
+    )
+    rate = model_flops * row["steps_per_s"]
+    ceiling = next((c["flops_per_s"] for c in run.results["ceilings"] if c["name"] == "f32"), None)
+    peaks = published.published_peaks(run.results["facts"]["device_kind"])
+    return {**row, "precision": "highest", "sizes": lm,
+            "model_flops_per_step": model_flops, "model_flops_per_s": rate,
+            "mfu_of_measured_f32": rate / ceiling if ceiling else None,
+            "mfu_of_published_f32": rate / peaks.f32_flops_per_s if peaks else None}  # fmt: skip
+
+
+def plot(run) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from jaxloops.measure import gpu_report
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    gpu_report.plot_attention(run.results, ax)
+    fig.tight_layout()
+    fig.savefig(run.out / "attention_latency.png", dpi=120)
+    plt.close(fig)

@@ -1,0 +1,350 @@
+"""The GPU run's plumbing, none of it needing JAX: the stage plan and its limits, each stage's
+record, the final check, the carry, the wheels, and a failed book build's cell.
+
+Usage (scripts/gpu_run.sh and scripts/fetch_wheels.sh call these):
+  python scripts/gpu_run_tools.py limits [--stand-in]     # "STAGE LIMIT" lines, and "total N"
+  python scripts/gpu_run_tools.py plan-table              # the stage table the README shows
+  python scripts/gpu_run_tools.py record --out DIR STAGE STATUS SECONDS [--detail TEXT]
+  python scripts/gpu_run_tools.py check DIR [--stand-in]  # every problem; exit 1 if any
+  python scripts/gpu_run_tools.py wheels DIR --drop-device-packages | --select
+  python scripts/gpu_run_tools.py carry PATH...           # tree + PATHs against 64 MiB
+  python scripts/gpu_run_tools.py failing-cell LOG        # a failed book build's cell
+"""
+
+import argparse
+import dataclasses
+import importlib.metadata
+import json
+import math
+import pathlib
+import re
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CARRY_LIMIT_BYTES = 64 * 2**20  # the device tool carries at most 64 MiB: tree + named paths
+MAX_OUTPUT_FILES = 8  # the device tool hands back at most 8 files from its output folder
+TOTAL_LIMIT = 540  # 9 minutes: room for the final check inside the device's 10-minute command
+DEVICE_MARGIN = 1.2  # every device limit: its estimate x this, for what the estimate misses
+STAND_IN_MARGIN = 3  # a stand-in stage may take its measured CPU time x this: a busy CPU passes
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One stage of scripts/gpu_run.sh and how its device limit is planned."""
+
+    name: str
+    runs: str
+    cpu_seconds: float  # measured on this project's 2-core CPU (where: `measured`)
+    measured: str
+    gpu_factor: float  # device seconds per CPU second, an estimate (why: `because`)
+    because: str
+
+    @property
+    def limit(self) -> int:
+        """Seconds the stage gets on the device: cpu_seconds x gpu_factor x DEVICE_MARGIN,
+        rounded up to 5 s."""
+        return 5 * math.ceil(self.cpu_seconds * self.gpu_factor * DEVICE_MARGIN / 5)
+
+    @property
+    def stand_in_limit(self) -> int:
+        """Seconds the stage gets where the CPU stands in for the GPU (CI's rehearsal)."""
+        return 5 * math.ceil(self.cpu_seconds * STAND_IN_MARGIN / 5)
+
+
+# Most valuable first. The CPU seconds of setup, first and rest are .ci/rehearse_device's on
+# this project's 2-core machine while four other sessions loaded it (load average 9 to 16), so
+# they are high; the book's and the tests' are issue 27's (the whole book at CPU sizes; the
+# suite under Python 3.12 with 2 workers), as the rehearsal builds three chapters only.
+# A benchmark stage's GPU factor is the GPU plan's points over the toy plan's (each point is
+# mostly compiling, which takes about as long there as here; a test checks the ratio).
+STAGES = (
+    Stage("setup", "JAX sees the GPU; the build tools from .whl/ (pip --no-index)",
+          34.4, "rehearsal 1, 96 wheels installed", 1.0, "the same pip install"),
+    Stage("first", "implementation report, ceilings, cuDNN sweep, MLP rows, LM step's MFU",
+          41.4, "rehearsal 2, toy plan", 1.7, "19 points instead of 11"),
+    Stage("book", "the strict build of the whole book",
+          277, "make book at CPU sizes, issue 27", 0.7,
+          "one kernel at a time, compiling as here; GPU sizes run faster; CUDA start-ups"),
+    Stage("tests", "the test suite, 8 workers, one line per test as it ends",
+          150, "pytest -n 2 on Python 3.12, issue 27", 0.5,
+          "8 workers on 16 cores instead of 2, and a CUDA start-up each"),
+    Stage("rest", "the rest of the attention sweep, the causal sweep, the plot",
+          18.0, "rehearsal 2, toy plan", 3.5, "39 points instead of 11"),
+)  # fmt: skip
+
+
+def stage_limits(stand_in: bool = False) -> dict[str, int]:
+    """Each stage's limit in seconds; raises ValueError if the device plan's sum is over 540."""
+    total = sum(stage.limit for stage in STAGES)
+    if total > TOTAL_LIMIT:
+        raise ValueError(f"the stage limits add up to {total} s, over the run's {TOTAL_LIMIT} s")
+    return {s.name: s.stand_in_limit if stand_in else s.limit for s in STAGES}
+
+
+def plan_table() -> str:
+    """The README's table of the stages, their measured CPU time, GPU factor and limit."""
+    lines = [
+        "| stage | runs | CPU seconds (measured by) | GPU factor (because) "
+        f"| device limit (x {DEVICE_MARGIN:g}) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for s in STAGES:
+        lines.append(
+            f"| {s.name} | {s.runs} | {s.cpu_seconds:g} ({s.measured}) "
+            f"| {s.gpu_factor:g} ({s.because}) | {s.limit} s |"
+        )
+    total = sum(s.limit for s in STAGES)
+    lines.append(f"| whole run | | | | {total} s of {TOTAL_LIMIT} s |")
+    return "\n".join(lines)
+
+
+# --- the record of each stage and the final check ----------------------------------------
+
+
+def write_json(path: pathlib.Path, data) -> None:
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(data, indent=1, default=float))
+    partial.replace(path)  # atomic: a killed stage never leaves half a file
+
+
+def record(out: pathlib.Path, stage: str, status: str, seconds: float, detail: str) -> None:
+    """Records a stage's outcome in OUT/stages.json and, where it exists, OUT/results.json."""
+    names = [s.name for s in STAGES]
+    if stage not in names:
+        raise ValueError(f"stage {stage!r} is not one of {names}")
+    path = out / "stages.json"
+    stages = json.loads(path.read_text()) if path.exists() else {}
+    stages[stage] = {"status": status, "seconds": round(seconds, 1), "detail": detail[-2000:]}
+    write_json(path, stages)
+    results = out / "results.json"
+    if results.exists():
+        data = json.loads(results.read_text())
+        data["stages"].update(stages)
+        write_json(results, data)
+
+
+# The sections a complete run fills (gpu_report.RESULT_SECTIONS and the LM step's), and the
+# bookkeeping of its tasks.
+FILLED_SECTIONS = ("facts", "plan", "stages", "implementations", "ceilings", "bandwidth",
+                   "attention", "causal", "mlp", "lm", "tasks")  # fmt: skip
+
+
+BUSY_CPU_NOISE = ("ceilings row ", "attention row ")  # gpu_report.check_run's sample floor
+
+
+def stand_in_problems(out: pathlib.Path, results: dict) -> list[str]:
+    """What a stand-in rehearsal must also show: every section filled, every stage ok inside
+    its stand-in limit, and at most 8 output files."""
+    limits = stage_limits(stand_in=True)
+    problems = [f"section {key!r} is empty" for key in FILLED_SECTIONS if not results.get(key)]
+    for name, stage in results["stages"].items():
+        if stage["status"] != "ok":
+            problems.append(f"stage {name!r} is {stage['status']}, not ok")
+        elif stage["seconds"] > limits[name]:
+            problems.append(f"stage {name!r} took {stage['seconds']} s of {limits[name]} s")
+    files = sorted(p.name for p in out.rglob("*") if p.is_file())
+    if len(files) > MAX_OUTPUT_FILES:
+        problems.append(f"{len(files)} output files, over {MAX_OUTPUT_FILES}: {files}")
+    return problems
+
+
+def check(out: pathlib.Path, stand_in: bool = False) -> int:
+    """Prints each stage, the goals and every problem of the run in OUT; 1 if any problem."""
+    path, stages_path = out / "results.json", out / "stages.json"
+    stages = json.loads(stages_path.read_text()) if stages_path.exists() else {}
+    limits = stage_limits(stand_in)
+    for name, stage in stages.items():
+        took = f"{stage['seconds']:6} s of {limits[name]:3} s"
+        print(f"stage {name:6} {stage['status']:8} {took}  {stage['detail']}")
+    if not path.exists():
+        print(f"PROBLEM: no {path}: no stage measured anything (see the stages above)")
+        return 1
+    results = json.loads(path.read_text())
+    try:
+        from jaxloops.measure import gpu_report
+    except Exception as error:  # noqa: BLE001 - a broken install is a problem to report
+        print(f"PROBLEM: jaxloops.measure does not import: {type(error).__name__}: {error}")
+        return 1
+    problems = gpu_report.check_run(results)
+    mfu = results.get("lm", {}).get("mfu_of_measured_f32")
+    if mfu is not None and mfu > 1 and not results["facts"].get("rehearsal"):
+        problems.append(f"the LM step ran at {mfu:.2f} of the measured f32 ceiling: a bad ceiling")
+    if not results["facts"].get("rehearsal"):
+        try:
+            for row in gpu_report.goals(results):
+                print(f"goal: {row['goal']}: {row['measured']} (met: {row['met']})")
+        except Exception as error:  # noqa: BLE001 - a run too incomplete to judge
+            problems.append(f"the goals cannot be judged: {type(error).__name__}: {error}")
+    if stand_in:
+        # A sample under the timing floor is a busy CPU's noise, not the pipeline's fault.
+        noise = [p for p in problems if p.startswith(BUSY_CPU_NOISE)]
+        problems = [p for p in problems if p not in noise] + stand_in_problems(out, results)
+        print("".join(f"note (stand-in, not a problem here): {p}\n" for p in noise), end="")
+    for problem in problems:
+        print("PROBLEM:", problem)
+    print(f"{path}: {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+# --- what is carried to the device -----------------------------------------------------------
+
+# What the device's Python 3.12 has: JAX 0.11 with its CUDA 13 plugin, optax, numpy, matplotlib,
+# scikit-learn, pytest, and what pip installs with them (as requirements-device.txt installs
+# them for .ci/rehearse_device). fetch_wheels.sh drops these wheels.
+DEVICE_PACKAGES = frozenset(
+    "jax jaxlib jax_cuda13_plugin jax_cuda13_pjrt optax absl_py numpy scipy ml_dtypes "
+    "opt_einsum matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing "
+    "python_dateutil packaging narwhals scikit_learn joblib threadpoolctl pytest iniconfig "
+    "pluggy pygments tzdata cloudpickle".split()
+)
+# Optional imports of what is carried, never used by a build or a test: dropped for space.
+UNUSED_OPTIONAL = frozenset({"uvloop", "debugpy", "jedi", "parso"})
+# Installed even where the device has the package: the book's configuration (_config.yml's
+# extensions and nb_* options) is tested with exactly these versions of the build tools.
+PINNED = frozenset({"jupyter_book", "myst_nb"})
+
+
+def distribution(wheel: pathlib.Path) -> str:
+    """The normalised distribution name of a wheel file: "scikit_learn" for scikit_learn-1.9..."""
+    return re.sub(r"[-_.]+", "_", wheel.name.split("-")[0]).lower()
+
+
+def installed(name: str) -> bool:
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def select_wheels(wheels: list[pathlib.Path], is_installed=installed) -> list[pathlib.Path]:
+    """The wheels to install: those whose package this Python lacks, and the pinned ones.
+
+    A wheel of a package the machine has would shadow it (pip --target, then PYTHONPATH).
+    """
+    return [w for w in wheels if distribution(w) in PINNED or not is_installed(distribution(w))]
+
+
+def drop_device_wheels(folder: pathlib.Path) -> list[str]:
+    """Deletes the wheels of DEVICE_PACKAGES and UNUSED_OPTIONAL from `folder`; their names."""
+    dropped = []
+    for wheel in sorted(folder.glob("*.whl")):
+        if distribution(wheel) in DEVICE_PACKAGES | UNUSED_OPTIONAL:
+            wheel.unlink()
+            dropped.append(wheel.name)
+    return dropped
+
+
+def tree_files(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
+    """What the device tool carries without being asked: tracked and untracked-not-ignored."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=root, capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    return [root / name for name in listed.decode().split("\0") if name]
+
+
+def carry_bytes(paths: list[pathlib.Path], root: pathlib.Path = ROOT) -> dict[str, int]:
+    """Bytes of the tree and of each named path (a file or a folder), as the tool counts them."""
+    sizes = {"tree": sum(p.stat().st_size for p in tree_files(root) if p.is_file())}
+    for path in paths:
+        files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+        if not path.exists():
+            raise ValueError(f"{path} does not exist: nothing to carry")
+        sizes[str(path)] = sum(p.stat().st_size for p in files)
+    return sizes
+
+
+def check_carry(sizes: dict[str, int], limit: int = CARRY_LIMIT_BYTES) -> list[str]:
+    """One line per part and the total; the last line says whether it fits in `limit`."""
+    lines = [f"{name}: {size / 2**20:.1f} MiB" for name, size in sizes.items()]
+    total = sum(sizes.values())
+    verdict = "fits" if total <= limit else "DOES NOT FIT"
+    lines.append(f"carry: {total / 2**20:.1f} MiB of {limit / 2**20:.0f} MiB: {verdict}")
+    return lines
+
+
+# --- a failed book build ---------------------------------------------------------------------
+
+CELL_ERROR = re.compile(
+    r"An error occurred while executing the following cell:\n(.*?)"
+    r"(?:\nException occurred|\nThe above exception|\Z)",
+    re.S,
+)
+
+
+def failing_cell(log: str, max_lines: int = 80) -> str:
+    """The first failing cell and its error from a book build's log (else its last lines)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", log)
+    blocks = CELL_ERROR.findall(text)
+    lines = blocks[0].strip("\n").splitlines() if blocks else text.splitlines()[-max_lines:]
+    if len(lines) > max_lines:
+        lines = lines[:20] + ["[...]"] + lines[-(max_lines - 21) :]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("limits").add_argument("--stand-in", action="store_true")
+    commands.add_parser("plan-table")
+    rec = commands.add_parser("record")
+    rec.add_argument("--out", required=True, type=pathlib.Path)
+    for name, kind in (("stage", str), ("status", str), ("seconds", float)):
+        rec.add_argument(name, type=kind)
+    rec.add_argument("--detail", default="")
+    chk = commands.add_parser("check")
+    chk.add_argument("out", type=pathlib.Path)
+    chk.add_argument("--stand-in", action="store_true")
+    whl = commands.add_parser("wheels")
+    whl.add_argument("folder", type=pathlib.Path)
+    whl.add_argument("--drop-device-packages", action="store_true")
+    commands.add_parser("carry").add_argument("paths", nargs="*", type=pathlib.Path)
+    commands.add_parser("failing-cell").add_argument("log", type=pathlib.Path)
+    args = parser.parse_args(argv)
+    return COMMANDS[args.command](args)
+
+
+def _limits(args) -> int:
+    limits = stage_limits(args.stand_in)
+    print("\n".join(f"{name} {limit}" for name, limit in limits.items()))
+    print(f"total {sum(limits.values()) if args.stand_in else TOTAL_LIMIT}")
+    return 0
+
+
+def _record(args) -> int:
+    args.out.mkdir(parents=True, exist_ok=True)
+    record(args.out, args.stage, args.status, args.seconds, args.detail)
+    return 0
+
+
+def _wheels(args) -> int:
+    if args.drop_device_packages:
+        for name in drop_device_wheels(args.folder):
+            print(f"dropped {name}: on the device already, or never imported", file=sys.stderr)
+        return 0
+    print("\n".join(str(w) for w in select_wheels(sorted(args.folder.glob("*.whl")))))
+    return 0
+
+
+def _carry(args) -> int:
+    lines = check_carry(carry_bytes(args.paths))
+    print("\n".join(lines))
+    return 0 if lines[-1].endswith(": fits") else 1
+
+
+COMMANDS = {
+    "limits": _limits,
+    "plan-table": lambda args: print(plan_table()) or 0,
+    "record": _record,
+    "check": lambda args: check(args.out, args.stand_in),
+    "wheels": _wheels,
+    "carry": _carry,
+    "failing-cell": lambda args: print(failing_cell(args.log.read_text(errors="replace"))) or 0,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

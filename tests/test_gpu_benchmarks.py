@@ -1,0 +1,78 @@
+"""scripts/gpu_benchmarks.py: the stages' measurements, and a crash that loses only its own."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import gpu_benchmarks as bench  # noqa: E402 - scripts/ is put on the path just above
+import gpu_points  # noqa: E402
+
+
+def test_the_first_stage_measures_in_the_order_of_their_value():
+    plan = bench.make_plan(rehearse=True)
+    first = bench.tasks(plan, "first")
+    assert first[:5] == ["implementations", "ceiling f32", "ceiling tf32", "ceiling bf16",
+                         "bandwidth"]  # fmt: skip
+    assert first[-2:] == [f"mlp {b}" for b in plan.mlp_batch_sizes][-1:] + ["lm"]
+    goal = plan.goal_length
+    assert [t for t in first if t.endswith(f" bfloat16 {goal}")] == [
+        f"attention {n} bfloat16 {goal}" for n in ("cudnn", "naive", "xla")
+    ]
+
+
+def test_the_two_stages_measure_every_point_once():
+    plan = bench.make_plan(rehearse=True)
+    everything = bench.tasks(plan, "first") + bench.tasks(plan, "rest")
+    assert len(everything) == len(set(everything))
+    attention = {t for t in everything if t.startswith("attention ")}
+    requests = {("cudnn", "bfloat16"), *bench.REST_REQUESTS}
+    assert attention == {f"attention {n} {d} {t}" for n, d in requests for t in plan.lengths}
+
+
+def test_model_flops_count_6_per_weight_per_token_plus_the_attention_scores():
+    params = {"embed": {"tokens": np.zeros((13, 7))}, "block_0": {"w": np.zeros((7, 11))}}
+    B, T, L, D = 3, 5, 1, 7
+    flops = gpu_points.lm_model_flops(params, B, T, L, D)
+    assert flops == 6 * 77 * B * T + 12 * L * T * D * B * T  # the embedding table is not counted
+
+
+def test_a_crash_in_one_measurement_loses_only_that_one(tmp_path):
+    path = os.pathsep.join(filter(None, [str(ROOT / "code"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, bench.CRASH_AT: "ceiling f32", "PYTHONPATH": path}
+    only = "ceiling f32,ceiling bf16"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_benchmarks.py"), "first", "--rehearse",
+         "--out", str(tmp_path), "--only", only],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [row["name"] for row in results["ceilings"]] == ["bf16"]
+    assert results["ceilings"][0]["flops_per_s"] > 0
+    assert results["tasks"] == {
+        "ceiling f32": "crashed: the child process died of SIGABRT",
+        "ceiling bf16": "done",
+    }
+    assert results["failures"] == [
+        {"where": "ceiling f32", "error": "the child process died of SIGABRT"}
+    ]
+    assert results["in_flight"] is None and results["facts"]["rehearsal"] is True
+    assert jax.default_backend() == results["facts"]["backend"]
+
+
+def test_the_benchmark_stages_gpu_factor_is_the_gpu_plans_points_over_the_toy_plans():
+    import gpu_run_tools
+
+    factors = {stage.name: stage.gpu_factor for stage in gpu_run_tools.STAGES}
+    toy, gpu = bench.make_plan(rehearse=True), bench.make_plan(rehearse=False, backend="gpu")
+    for name in ("first", "rest"):
+        ratio = len(bench.tasks(gpu, name)) / len(bench.tasks(toy, name))
+        assert factors[name] == round(ratio, 1), (name, ratio)

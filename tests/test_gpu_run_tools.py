@@ -1,0 +1,144 @@
+"""scripts/gpu_run_tools.py and scripts/gpu_run.sh: the GPU run's plan, records and carry."""
+
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import gpu_run_tools as tools  # noqa: E402 - scripts/ is put on the path just above
+
+
+def test_each_limit_is_its_measured_cpu_time_times_its_gpu_factor_and_margin_rounded_up():
+    for stage in tools.STAGES:
+        limit = stage.cpu_seconds * stage.gpu_factor * tools.DEVICE_MARGIN
+        assert stage.limit % 5 == 0 and limit <= stage.limit < limit + 5
+    assert sum(tools.stage_limits().values()) <= tools.TOTAL_LIMIT == 540
+
+
+def test_a_plan_over_9_minutes_is_refused(monkeypatch):
+    slow = dataclasses.replace(tools.STAGES[2], cpu_seconds=1000)
+    monkeypatch.setattr(tools, "STAGES", (*tools.STAGES[:2], slow, *tools.STAGES[3:]))
+    with pytest.raises(ValueError, match="over the run's 540 s"):
+        tools.stage_limits()
+
+
+def test_the_readme_shows_the_stage_table_the_script_runs_by():
+    assert tools.plan_table() in (ROOT / "README.md").read_text()
+
+
+def test_the_stages_are_those_of_the_results_file_in_that_order():
+    from jaxloops.measure import gpu_report
+
+    assert [stage.name for stage in tools.STAGES] == list(gpu_report.STAGES)
+
+
+def test_record_refuses_an_unknown_stage(tmp_path):
+    with pytest.raises(ValueError, match="'bench' is not one of"):
+        tools.record(tmp_path, "bench", "ok", 1.0, "")
+
+
+def test_check_without_a_results_file_reports_it_instead_of_crashing(tmp_path, capsys):
+    tools.record(tmp_path, "setup", "failed", 2.0, "JAX sees no GPU")
+    assert tools.check(tmp_path) == 1
+    out = capsys.readouterr().out
+    assert "no " + str(tmp_path / "results.json") in out and "JAX sees no GPU" in out
+
+
+def _results(tmp_path, **changes) -> dict:
+    results = {key: {"x": 1} for key in tools.FILLED_SECTIONS}
+    results["stages"] = {s.name: {"status": "ok", "seconds": 1.0} for s in tools.STAGES}
+    results.update(changes)
+    return results
+
+
+def test_a_stand_in_run_must_fill_every_section_and_keep_every_stage_in_its_limit(tmp_path):
+    assert tools.stand_in_problems(tmp_path, _results(tmp_path)) == []
+    stages = _results(tmp_path)["stages"]
+    stages["book"] = {"status": "ok", "seconds": tools.stage_limits(stand_in=True)["book"] + 1}
+    stages["tests"] = {"status": "timeout", "seconds": 3.0}
+    problems = tools.stand_in_problems(tmp_path, _results(tmp_path, lm={}, stages=stages))
+    assert problems[0] == "section 'lm' is empty"
+    assert "stage 'book' took" in problems[1] and "stage 'tests' is timeout" in problems[2]
+
+
+def test_more_than_8_output_files_is_a_problem(tmp_path):
+    for i in range(9):
+        (tmp_path / f"f{i}").write_text("")
+    (problem,) = tools.stand_in_problems(tmp_path, _results(tmp_path))
+    assert problem.startswith("9 output files, over 8")
+
+
+def test_wheels_of_packages_the_machine_has_are_skipped_unless_pinned():
+    wheels = [pathlib.Path(n) for n in ("scikit_learn-1.9.1-cp312-x.whl",
+              "myst_nb-1.4.0-py3-none-any.whl", "Sphinx_Book-1.0-py3-none-any.whl")]  # fmt: skip
+    has = {"scikit_learn", "myst_nb"}
+    assert [tools.distribution(w) for w in wheels] == ["scikit_learn", "myst_nb", "sphinx_book"]
+    chosen = tools.select_wheels(wheels, is_installed=has.__contains__)
+    assert chosen == wheels[1:]  # myst_nb is pinned; sphinx_book is missing here
+
+
+def test_device_packages_and_unused_optional_wheels_are_dropped(tmp_path):
+    for name in ("jaxlib-0.12-cp312.whl", "uvloop-0.23-cp312.whl", "sphinx-7.4.7-py3.whl"):
+        (tmp_path / name).write_text("")
+    assert tools.drop_device_wheels(tmp_path) == ["jaxlib-0.12-cp312.whl", "uvloop-0.23-cp312.whl"]
+    assert [p.name for p in tmp_path.iterdir()] == ["sphinx-7.4.7-py3.whl"]
+
+
+def test_the_carry_counts_the_tree_and_every_named_path_against_64_mib(tmp_path):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("ignored/\n.whl/\n")
+    (tmp_path / "untracked.py").write_bytes(b"x" * 1000)
+    (tmp_path / "ignored").mkdir()
+    (tmp_path / "ignored" / "big").write_bytes(b"x" * 10**6)
+    (tmp_path / ".whl").mkdir()
+    (tmp_path / ".whl" / "a.whl").write_bytes(b"x" * 5000)
+    sizes = tools.carry_bytes([tmp_path / ".whl"], root=tmp_path)
+    assert sizes == {"tree": 1000 + len("ignored/\n.whl/\n"), str(tmp_path / ".whl"): 5000}
+    limit = sum(sizes.values())
+    assert tools.check_carry(sizes, limit=limit)[-1].endswith(": fits")
+    assert tools.check_carry(sizes, limit=limit - 1)[-1].endswith("DOES NOT FIT")
+
+
+def test_a_failed_build_is_reported_by_its_failing_cell():
+    log = (
+        "reading sources... [ 50%] book/06_device_loop\n\x1b[31mTraceback\x1b[0m\n"
+        "An error occurred while executing the following cell:\n------------------\n"
+        "check(ratio > 1.5, 'the scan is faster')\n------------------\n\n"
+        "AssertionError: the scan is faster: 1.2\n"
+        "\nThe above exception was the direct cause of the following exception:\n"
+        "There was an error in building your book. Look above for the cause.\n"
+    )
+    cell = tools.failing_cell(log)
+    assert cell.splitlines()[1] == "check(ratio > 1.5, 'the scan is faster')"
+    assert cell.endswith("AssertionError: the scan is faster: 1.2")
+    assert "error in building your book" not in cell
+    assert tools.failing_cell("a\nb\nc", max_lines=2) == "b\nc"  # no cell: the log's end
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="with a GPU the run would measure")
+def test_without_a_gpu_the_run_stops_after_setup_with_every_stage_recorded(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "SITE": str(tmp_path / "site")}
+    run = subprocess.run(
+        [str(ROOT / "scripts" / "gpu_run.sh"), str(tmp_path / "out")],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["logs.tar.gz", "stages.json"]
+    stages = json.loads((tmp_path / "out" / "stages.json").read_text())
+    assert stages["setup"]["status"] == "failed" and "JAX sees no GPU" in stages["setup"]["detail"]
+    assert {stages[n]["status"] for n in ("first", "book", "tests", "rest")} == {"skipped"}
+    assert "Traceback" not in run.stdout + run.stderr
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="a copy of the tree without git")
+def test_the_default_output_folder_is_git_ignored():
+    ignored = subprocess.run(["git", "check-ignore", "-q", "gpu-run/results.json"], cwd=ROOT)
+    assert ignored.returncode == 0
