@@ -82,8 +82,8 @@ def make_plan(rehearse: bool, backend: str | None = None) -> Plan:
     sizes = jaxloops.experiment_sizes(backend)
     attention = sizes.attention
     if rehearse:
-        toy_lm = dataclasses.replace(sizes.lm, layers=1, model_dim=32, heads=2, kv_heads=1,
-                                     hidden_dim=64, seq_len=32, batch_size=4)  # fmt: skip
+        toy = dict(num_layers=1, model_dim=32, num_heads=2, num_kv_heads=1, hidden_dim=64)
+        toy_lm = dataclasses.replace(sizes.lm, **toy, max_len=32, batch_size=4)
         return Plan(
             lengths=(64, 128),
             goal_length=64,

@@ -222,12 +222,9 @@ def lm_point(run) -> dict:
     from jaxloops.measure import published
 
     lm, key = run.plan.lm, jax.random.key(0)
-    config = jaxloops.TransformerConfig(
-        vocab_size=jaxloops.text.VOCAB_SIZE, num_layers=lm["layers"], model_dim=lm["model_dim"],
-        num_heads=lm["heads"], num_kv_heads=lm["kv_heads"], hidden_dim=lm["hidden_dim"],
-        max_len=lm["seq_len"],
-    )  # fmt: skip
-    shape = (run.plan.lm_steps, lm["batch_size"], lm["seq_len"])  # (steps, B, T)
+    lm_sizes = jaxloops.backend.LanguageModelSizes(**lm)
+    config = jaxloops.TransformerConfig.from_sizes(lm_sizes, jaxloops.text.VOCAB_SIZE)
+    shape = (run.plan.lm_steps, lm["batch_size"], lm["max_len"])  # (steps, B, T)
     tokens = jax.random.randint(key, shape, 0, config.vocab_size)
     with jax.default_matmul_precision("highest"):
         params = jaxloops.init_transformer(key, config)
@@ -236,7 +233,7 @@ def lm_point(run) -> dict:
         row = measure.scan_throughput(train_step, params, optimizer.init(params),
                                       jaxloops.Batch(tokens, tokens), run.plan.samples)  # fmt: skip
     model_flops = lm_model_flops(
-        params, lm["batch_size"], lm["seq_len"], lm["layers"], lm["model_dim"]
+        params, lm["batch_size"], lm["max_len"], lm["num_layers"], lm["model_dim"]
     )
     rate = model_flops * row["steps_per_s"]
     ceiling = next((c["flops_per_s"] for c in run.results["ceilings"] if c["name"] == "f32"), None)
