@@ -102,7 +102,7 @@ def attention_sweep(
     batch: int,
     heads: int,
     head_dim: int,
-    block_size: int,
+    block_size: int | None,
     repeats: int,
     materialise_max_length: int,
     parallel_blocks: int | None = None,
@@ -111,7 +111,7 @@ def attention_sweep(
 
     Args:
       requests: (implementation, dtype) or (implementation, dtype, is_causal) tuples.
-      parallel_blocks: blockwise's query blocks per chunk (None: its default).
+      block_size, parallel_blocks: blockwise's (None: its default tiling for that T).
 
     One compile per point serves all the compiled measurements, and the timed calls of the
     requests alternate (`interleaved_samples`), so that a slow moment of a shared machine
@@ -126,17 +126,15 @@ def attention_sweep(
     for length in lengths:
         qkv, timed = {}, []
         for name, dtype, *causal in requests:
-            is_causal = bool(causal and causal[0])
             if dtype not in qkv:
                 qkv[dtype] = random_qkv(
                     key, batch=batch, length=length, heads=heads, head_dim=head_dim, dtype=dtype
                 )
-            args = qkv[dtype]
             row = {
                 "implementation": name,
                 "dtype": dtype,
                 "T": int(length),
-                "is_causal": is_causal,
+                "is_causal": bool(causal and causal[0]),
                 "temp_bytes": None,
                 "flops": None,
                 "bytes_accessed": None,
@@ -145,27 +143,38 @@ def attention_sweep(
                 "error": "",
             }
             rows.append(row)
-            fn = attention_fn(name, is_causal=is_causal, block_size=block_size)
+            fn = attention_fn(name, is_causal=row["is_causal"], block_size=block_size)
             if name == "blockwise" and parallel_blocks is not None:
                 fn = functools.partial(fn, parallel_blocks=parallel_blocks)
-            if name in MATERIALISING and length > materialise_max_length:
-                row.update(compiled_costs(fn, *args))
-                row["error"] = f"not run: needs {row['temp_bytes'] / 2**30:.1f} GiB of scratch"
-                continue
-            # One checked run: it compiles (and warms up), and catches a refusal with its text.
-            _, record = run_attention(name, *args, is_causal=is_causal, block_size=block_size)
-            if not record["works"]:
-                row["error"] = record["error"]
-                continue
-            row.update(compiled_costs(fn, *args))
-            if name == "blockwise":
-                row["flops"] = row["bytes_accessed"] = None
-            timed.append((row, functools.partial(jax.jit(fn), *args)))
+            run = _prepare_point(row, fn, qkv[dtype], materialise_max_length, block_size)
+            if run is not None:
+                timed.append((row, run))
         samples = interleaved_samples({str(i): run for i, (_, run) in enumerate(timed)}, repeats)
         for i, (row, _) in enumerate(timed):
             row["samples"] = samples[str(i)]
             row["seconds"] = statistics.median(row["samples"])
     return rows
+
+
+def _prepare_point(row: dict, fn, args, materialise_max_length: int, block_size: int | None):
+    """Fills `row` with what one compile of fn(*args) says and returns the call to time, or
+    None (with the reason in row["error"]) when it is not to be run.
+
+    One checked run first: it compiles (and warms up), and catches a refusal with its text.
+    """
+    name = row["implementation"]
+    if name in MATERIALISING and row["T"] > materialise_max_length:
+        row.update(compiled_costs(fn, *args))
+        row["error"] = f"not run: needs {row['temp_bytes'] / 2**30:.1f} GiB of scratch"
+        return None
+    _, record = run_attention(name, *args, is_causal=row["is_causal"], block_size=block_size)
+    if not record["works"]:
+        row["error"] = record["error"]
+        return None
+    row.update(compiled_costs(fn, *args))
+    if name == "blockwise":
+        row["flops"] = row["bytes_accessed"] = None
+    return functools.partial(jax.jit(fn), *args)
 
 
 def naive_attention_parts(key: jax.Array, *, T: int, heads: int, head_dim: int, repeats: int):
@@ -398,7 +407,7 @@ def causal_sweep(
     batch: int,
     heads: int,
     head_dim: int,
-    block_size: int,
+    block_size: int | None,
     repeats: int,
     materialise_max_length: int,
     parallel_blocks: int | None = None,
