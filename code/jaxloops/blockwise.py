@@ -15,6 +15,7 @@ recomputes each tile's scores from them.
 
 import functools
 import math
+import operator
 from typing import NamedTuple
 
 import jax
@@ -306,6 +307,7 @@ def default_blocks(T: int, is_causal: bool) -> tuple[int, int]:
     Full attention: (512, 4) at every T. Causal: key blocks of T / 4 rounded down to a power
     of two and clipped to [128, 512], as many to a query tile as make it 512 queries.
     """
+    T = operator.index(T)  # a NumPy integer too
     if T < 1:
         raise ValueError(f"T must be >= 1, got {T}")
     if not is_causal:
@@ -335,7 +337,8 @@ def _to_tiles(query, key, value, Tq: int, Sb: int, per_step: int):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("is_causal", "block_size", "parallel_blocks", "rows_per_step")
+    jax.jit,
+    static_argnames=("is_causal", "block_size", "parallel_blocks", "rows_per_step", "custom_vjp"),
 )
 def blockwise_attention(
     query,
@@ -346,6 +349,7 @@ def blockwise_attention(
     block_size: int | None = None,
     parallel_blocks: int | None = None,
     rows_per_step: int = ROWS_PER_STEP,
+    custom_vjp: bool = True,
 ):
     """Attention that never materialises (T, S), forward or backward: memory linear in T, S.
 
@@ -361,6 +365,9 @@ def blockwise_attention(
         tile (Tq = parallel_blocks * Tb queries). None: `default_blocks(T, is_causal)`.
       rows_per_step: tiles of several heads walk together while their rows add up to at
         most this (one tile a step if it alone is larger).
+      custom_vjp: False differentiates the same walk with plain autodiff instead, which
+        keeps every trip's score tiles for the backward pass, and cannot differentiate a
+        causal walk at all (its loop bounds depend on the tile); a control, not for use.
 
     Returns:
       (B, T, N, H), in the dtype of value. Differentiable: the backward pass recomputes
@@ -383,7 +390,8 @@ def blockwise_attention(
     per_step = heads_per_step(B * K, (N // K) * Tq, rows_per_step)
 
     tiles = _to_tiles(query, key, value, Tq, Sb, per_step)
-    out = _blockwise_core(*tiles, tiling)  # (steps, per_step, R, H)
+    core = _blockwise_core if custom_vjp else lambda *args: _forward(*args)[0]
+    out = core(*tiles, tiling)  # (steps, per_step, R, H)
     out = out.reshape(-1, B, K, N // K, Tq, H)  # (nT, B, K, G, Tq, H)
     out = out.transpose(1, 0, 4, 2, 3, 5).reshape(B, -1, N, H)  # (B, nT * Tq, N, H)
     return out[:, :T].astype(value.dtype)  # (B, T, N, H)

@@ -25,6 +25,7 @@ from jaxloops.measure.sweeps import (
     causal_sweep,
     compiled_costs,
     compiled_fusions,
+    decode_layout_control,
     decode_sweep,
     loop_copies,
     markdown_table,
@@ -33,6 +34,7 @@ from jaxloops.measure.sweeps import (
     random_cache,
     random_qkv,
     reference_attention,
+    softmax_without_exp,
 )
 from jaxloops.measure.throughput import (
     fit_against_bare_epoch,
@@ -72,6 +74,7 @@ __all__ = (
     "compiled_temp_bytes",
     "CompileLog",
     "count_compiles",
+    "decode_layout_control",
     "decode_sweep",
     "describe_backend",
     "device_op_seconds",
@@ -102,6 +105,7 @@ __all__ = (
     "run_attention",
     "run_label",
     "scan_throughput",
+    "softmax_without_exp",
     "Span",
     "strict",
     "time_call",

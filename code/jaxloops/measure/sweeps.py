@@ -177,21 +177,45 @@ def _prepare_point(row: dict, fn, args, materialise_max_length: int, block_size:
     return functools.partial(jax.jit(fn), *args)
 
 
+def softmax_without_exp(scores, axis: int = -1):
+    """`attention.softmax` with its exponential replaced by 1 / (1 - x): the control pass.
+
+    The same reductions (max, sum), the same passes and the same bytes read and written; no
+    transcendental. (A cheaper op, x * x, would not do: XLA recomputes so cheap an op in
+    each consumer instead of writing it, and the bytes change.) Its weights are not a
+    softmax: only its time is of use.
+    """
+    shifted = scores - scores.max(axis=axis, keepdims=True)  # <= 0, so 1 - shifted >= 1
+    weights = 1.0 / (1.0 - shifted)  # where softmax has jnp.exp(shifted)
+    return weights / weights.sum(axis=axis, keepdims=True)
+
+
 def naive_attention_parts(key: jax.Array, *, T: int, heads: int, head_dim: int, repeats: int):
     """A profile of naive attention by parts: each of its moves compiled and timed alone.
 
     Returns:
-      Rows (part, flops, bytes_accessed, seconds) for the scores matmul, the softmax (scale,
-      max, exponentials, sum, divide), the mix matmul and the whole program, T = S, B = 1.
-      The timed calls alternate between the parts.
+      Rows (part, flops, bytes_accessed, transcendentals, seconds) for the scores matmul,
+      the softmax (scale, max, exponentials, sum, divide), the mix matmul and the whole
+      program, T = S, B = 1; and two controls: the softmax with its exponential replaced by
+      1 / (1 - x) (`softmax_without_exp`: same passes and bytes, no exponential), and a square
+      float32 matmul of the scores matmul's FLOPs (the roofline's kind of work). The timed
+      calls alternate between all of them.
     """
     query, key_, value = random_qkv(key, batch=1, length=T, heads=heads, head_dim=head_dim)
     scores = jax.jit(lambda q, k: jnp.einsum("BTNH,BSNH->BNTS", q, k))(query, key_)  # (B, N, T, S)
+    scale = 1.0 / math.sqrt(head_dim)
+    n = round((T * T * heads * head_dim) ** (1 / 3))  # n^3 = T S N H multiply-adds
+    square = jnp.asarray(np.random.default_rng(0).standard_normal((n, n), np.float32))
     parts = {
         "scores: Q Kᵀ": (lambda q, k: jnp.einsum("BTNH,BSNH->BNTS", q, k), (query, key_)),
-        "softmax": (lambda s: softmax(s * (1.0 / math.sqrt(head_dim))), (scores,)),
+        "softmax": (lambda s: softmax(s * scale), (scores,)),
         "mix: weights V": (lambda w, v: jnp.einsum("BNTS,BSNH->BTNH", w, v), (scores, value)),
         "whole (naive)": (attention, (query, key_, value)),
+        "control: softmax, exp → 1 / (1 - x)": (
+            lambda s: softmax_without_exp(s * scale),
+            (scores,),
+        ),
+        "control: square matmul, FLOPs of Q Kᵀ": (jnp.matmul, (square, square)),
     }
     return _timed_parts(parts, repeats)
 
@@ -524,6 +548,81 @@ def decode_sweep(
                 }
             )
         del caches
+    return rows
+
+
+def decode_layout_control(
+    key: jax.Array,
+    *,
+    batch: int,
+    length: int,
+    heads: int,
+    head_dim: int,
+    dtype,
+    repeats: int,
+) -> list[dict]:
+    """One MHA decode step (T = 1, K = N, S = length), function and cache layout swapped apart.
+
+    Four calls, timed in turns: `decode_attention` and the general `attention`, each on a
+    cache stored heads-major (B, K, S, H) and on one stored (B, S, K, H). A function given
+    the layout it does not take gets a transpose inside the timed call, so the layout's
+    cost is measured with the function held fixed, and the function's with the layout held
+    fixed.
+
+    Returns:
+      Rows (function, layout, seconds: median of `repeats`, samples, transposes: fusions of
+      the compiled step that transpose or copy a whole cache, difference: max |output -
+      the first case's output|, which only rounding should make nonzero).
+    """
+    query = random_qkv(key, batch=batch, length=1, heads=heads, head_dim=head_dim, dtype=dtype)[0]
+    heads_major = tuple(
+        random_cache(jax.random.fold_in(key, i), batch, length, heads, head_dim, dtype)
+        for i in (1, 2)
+    )  # (B, K, S, H) each
+    stored = {
+        "(B, K, S, H)": heads_major,
+        "(B, S, K, H)": tuple(c.swapaxes(1, 2) for c in heads_major),
+    }
+    functions = {  # each takes the cache as stored and brings it to the layout it reads
+        "decode_attention": lambda layout: (
+            lambda q, k, v: decode_attention(
+                q,
+                *((k, v) if layout == "(B, K, S, H)" else (k.swapaxes(1, 2), v.swapaxes(1, 2))),
+                length - 1,
+            )
+        ),
+        "attention": lambda layout: (
+            lambda q, k, v: attention(
+                q, *((k, v) if layout == "(B, S, K, H)" else (k.swapaxes(1, 2), v.swapaxes(1, 2)))
+            )
+        ),
+    }
+    cases = [(name, layout) for name in functions for layout in stored]
+    step = {case: jax.jit(functions[case[0]](case[1])) for case in cases}
+    runs = {case: functools.partial(step[case], query, *stored[case[1]]) for case in cases}
+    samples = interleaved_samples(runs, repeats)
+    cache_elements = batch * heads * length * head_dim
+    reference = np.asarray(runs[cases[0]](), np.float64)
+    rows = []
+    for case in cases:
+        fusions = compiled_fusions(step[case], query, *stored[case[1]])
+        transposes = [
+            f
+            for f in fusions
+            if ("transpose" in f["ops"] or f["ops"] == "copy")
+            and math.prod(int(d) for d in re.findall(r"\d+", f["shape"].split("[")[-1]))
+            == cache_elements
+        ]
+        rows.append(
+            {
+                "function": case[0],
+                "layout": case[1],
+                "seconds": statistics.median(samples[case]),
+                "samples": samples[case],
+                "transposes": len(transposes),
+                "difference": float(np.abs(np.asarray(runs[case](), np.float64) - reference).max()),
+            }
+        )
     return rows
 
 
