@@ -142,9 +142,10 @@ def test_default_tiles_depend_on_length_and_causality():
     assert default_blocks(512, True) == (128, 4)
     assert default_blocks(1500, True) == (256, 2)  # 375 rounds down to 256
     assert default_blocks(7, True) == (128, 4)
-    # At every T >= 1024 the causal tiling has at least 4 query tiles, which skip at least
-    # the 6 key blocks (of 16) above the diagonal: what makes causal cheaper than full.
-    for t in (1024, 2048, 4096, 8192):
+    assert default_blocks(np.int64(2048), True) == (512, 1)
+    # From T = 1024 on, the causal tiling has at least 2 query tiles and 4 key blocks, so it
+    # skips blocks above the diagonal; full attention walks all of them.
+    for t in (1024, 2048, 4096, 8192, 16384):
         block, parallel = default_blocks(t, True)
         assert t // (block * parallel) >= 2 and t // block >= 4, t
     with pytest.raises(ValueError, match="T must be >= 1, got 0"):

@@ -295,8 +295,9 @@ def _pad_to(x, axis: int, multiple: int):
 
 # Default tiles. Full attention: blocks of 512, four to a query tile (Tq = 2048), so that each
 # step's products are large. Causal: a tile skips only the key blocks after its last query, so
-# the saving grows with the number of query tiles n (at best 2n / (n + 1) of the work); query
-# tiles of 512 and key blocks of T / 4 (128 to 512), measured on the 2-core CPU of chapter 9.
+# the saving grows with the number n of query tiles (at best 2n / (n + 1) of the work); query
+# tiles of 512 and key blocks of T / 4 (128 to 512). Smaller query tiles skip more on paper,
+# but on the 2-core CPU of chapter 9 their steps ran too slowly to gain (see the commit log).
 FULL_BLOCK, FULL_PARALLEL_BLOCKS = 512, 4
 CAUSAL_QUERY_TILE, CAUSAL_MIN_BLOCK = 512, 128
 
