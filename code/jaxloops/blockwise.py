@@ -10,139 +10,42 @@ once for all of them and each product is a plain (R x H) by (H x Sb) matrix prod
 tiles walk together, several heads per step (`heads_per_step`), so that a step's products
 are large enough to be worth splitting over the cores. The backward pass
 (`jax.custom_vjp`) keeps only Q, K, V, the output and one log-sum-exp per query row, and
-recomputes each tile's scores from them.
+recomputes each tile's scores from them. What one tile does lives in `blockwise_tiles`.
 """
 
 import functools
 import math
 import operator
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from jaxloops.attention import check_attention_shapes, masked_fill_value
+from jaxloops.blockwise_tiles import (  # re-exported: the tiles' pieces, one import away
+    ROWS_PER_STEP,
+    Tiling,
+    heads_per_step,
+    online_softmax_step,
+    tile_scores,
+    unmasked_key_blocks,
+    visible_key_blocks,
+    walk_key_blocks,
+)
 
-
-class Tiling(NamedTuple):
-    """Static facts of one blockwise call (hashable, so it can be a custom_vjp static)."""
-
-    T: int  # queries before padding
-    S: int  # keys before padding
-    Tq: int  # queries of one head in a tile: parallel_blocks * Tb
-    Sb: int  # keys in a block
-    is_causal: bool
-
-
-# A step of the walk handles tiles of several heads at once when one tile has fewer rows than
-# this: enough rows for a product worth splitting over the cores, and a score tile of
-# 4 MiB at Sb = 512 (float32), which stays in a CPU's last-level cache.
-ROWS_PER_STEP = 2048
-
-
-def heads_per_step(n_heads: int, rows: int, max_rows: int = ROWS_PER_STEP) -> int:
-    """How many tiles of one query chunk (one per head, of n_heads = B * K) walk together.
-
-    The largest divisor of n_heads that keeps (divisor * rows) <= max_rows; 1 if even one
-    tile is larger.
-    """
-    fits = [p for p in range(1, n_heads + 1) if n_heads % p == 0 and p * rows <= max_rows]
-    return max(fits, default=1)
-
-
-def online_softmax_step(carry, scores, value_block):
-    """Folds one key block into the running (max, sum, output) of an online softmax.
-
-    Args:
-      carry: running max (..., R), sum (..., R) and output (..., R, H) of R query rows,
-        float32; `...` is any leading axes (the tiles walking together).
-      scores: this block's scaled, masked logits (..., R, Sb), float32.
-      value_block: this block's values (..., Sb, H).
-
-    Returns:
-      The updated carry.
-    """
-    running_max, running_sum, out = carry
-    new_max = jnp.maximum(running_max, scores.max(axis=-1))  # (..., R)
-    # Everything summed so far was relative to the old max: rescale it to the new one.
-    correction = jnp.exp(running_max - new_max)  # (..., R)
-    weights = jnp.exp(scores - new_max[..., None])  # (..., R, Sb)
-    new_sum = running_sum * correction + weights.sum(axis=-1)  # (..., R)
-    mixed = jnp.einsum(
-        "...RS,...SH->...RH",
-        weights.astype(value_block.dtype),
-        value_block,
-        preferred_element_type=out.dtype,
-    )  # (..., R, H)
-    return new_max, new_sum, out * correction[..., None] + mixed
-
-
-def tile_scores(query_tile, key_block, q_start, k_start, tiling: Tiling, masked: bool = True):
-    """Masked float32 logits of query tiles against one key block.
-
-    Args:
-      query_tile: (..., R, H), R = G * Tq rows (query head g's query t in row g * Tq + t),
-        already multiplied by 1/sqrt(H) (once per tile, instead of once per score).
-      key_block: (..., Sb, H).
-      q_start, k_start: positions of the tiles' first query and the block's first key.
-      masked: False for a block every row sees whole (`unmasked_key_blocks`): no mask built.
-
-    Returns:
-      (..., R, Sb); padded keys and, if causal, keys after the query get the fill value.
-    """
-    rows = query_tile.shape[-2]  # R = G * Tq
-    scores = jnp.einsum(
-        "...RH,...SH->...RS", query_tile, key_block, preferred_element_type=jnp.float32
-    )  # (..., R, Sb)
-    if not masked:
-        return scores
-    k_pos = k_start + jnp.arange(tiling.Sb)  # (Sb,)
-    visible = None
-    if tiling.S % tiling.Sb:  # keys padded up to a whole block never count
-        visible = jnp.broadcast_to(k_pos < tiling.S, (rows, tiling.Sb))
-    if tiling.is_causal:
-        q_pos = q_start + jnp.arange(rows) % tiling.Tq  # (R,): each head's rows restart
-        causal = q_pos[:, None] >= k_pos[None, :]  # (R, Sb)
-        visible = causal if visible is None else visible & causal
-    if visible is None:
-        return scores
-    return jnp.where(visible, scores, masked_fill_value(jnp.float32))
-
-
-def visible_key_blocks(chunk, tiling: Tiling, n_key_blocks: int):
-    """How many key blocks, from the first, the query tile at position `chunk` must see.
-
-    Causal: the tile's last query sees keys up to its own position, and no block after.
-    """
-    if not tiling.is_causal:
-        return n_key_blocks
-    last_query = (chunk + 1) * tiling.Tq - 1
-    return jnp.minimum(last_query // tiling.Sb + 1, n_key_blocks)
-
-
-def unmasked_key_blocks(chunk, tiling: Tiling, n_key_blocks: int):
-    """How many key blocks, from the first, every row of tile `chunk` sees whole.
-
-    They need no mask: no padded key, and (causal) no key after the tile's first query.
-    The walk builds masks only for the blocks after them, up to `visible_key_blocks`.
-    """
-    whole = tiling.S // tiling.Sb  # blocks without padded keys
-    if not tiling.is_causal:
-        return whole
-    first_query = chunk * tiling.Tq
-    return jnp.minimum((first_query + 1) // tiling.Sb, whole)
-
-
-def _walk(fold, chunk, tiling: Tiling, n_key_blocks: int, init):
-    """Folds the visible key blocks of tile `chunk` into `init`: the unmasked ones first.
-
-    fold(j, carry, masked) folds key block j; masked is a Python bool (two loop bodies).
-    """
-    n_unmasked = unmasked_key_blocks(chunk, tiling, n_key_blocks)
-    n_visible = visible_key_blocks(chunk, tiling, n_key_blocks)
-    carry = lax.fori_loop(0, n_unmasked, lambda j, c: fold(j, c, False), init)
-    return lax.fori_loop(n_unmasked, n_visible, lambda j, c: fold(j, c, True), carry)
+__all__ = (
+    "ROWS_PER_STEP",
+    "Tiling",
+    "blockwise_attention",
+    "default_blocks",
+    "heads_per_step",
+    "online_softmax_step",
+    "tile_grads",
+    "tile_scores",
+    "unmasked_key_blocks",
+    "visible_key_blocks",
+    "walk_key_blocks",
+)
 
 
 def _forward(query, key, value, tiling: Tiling):
@@ -180,7 +83,9 @@ def _forward(query, key, value, tiling: Tiling):
             jnp.zeros((per_step, R), jnp.float32),
             jnp.zeros((per_step, R, H), jnp.float32),
         )
-        running_max, running_sum, out = _walk(fold_key_block, chunk, tiling, n_key_blocks, init)
+        running_max, running_sum, out = walk_key_blocks(
+            fold_key_block, chunk, tiling, n_key_blocks, init
+        )
         # The log-sum-exp of each row is all the backward pass needs to rebuild the weights.
         return out / running_sum[..., None], running_max + jnp.log(running_sum)
 
@@ -262,7 +167,7 @@ def _backward(tiling: Tiling, residuals, d_out):
             return d_query + dq, d_key, _add_into(d_value, j, first_head, dv)
 
         init = (jnp.zeros_like(query_tiles), *carry)
-        d_query, d_key, d_value = _walk(fold_key_block, chunk, tiling, n_key_blocks, init)
+        d_query, d_key, d_value = walk_key_blocks(fold_key_block, chunk, tiling, n_key_blocks, init)
         return (d_key, d_value), d_query
 
     zeros = jnp.zeros_like(key32)  # (nS, B * K, Sb, H)
