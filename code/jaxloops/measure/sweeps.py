@@ -551,6 +551,23 @@ def decode_sweep(
     return rows
 
 
+def _whole_array_transposes(fn, args, elements: int) -> int:
+    """Fusions of the compiled `jax.jit(fn)(*args)` that transpose or copy `elements` values."""
+    fusions = compiled_fusions(fn, *args)
+    size = lambda f: math.prod(int(d) for d in re.findall(r"\d+", f["shape"].split("[")[-1]))
+    moves = [f for f in fusions if "transpose" in f["ops"] or f["ops"] == "copy"]
+    return sum(size(f) == elements for f in moves)
+
+
+def _in_layout(fn, takes: str, stored: str):
+    """fn(query, key, value) on a cache stored `stored`, transposed first if fn `takes` other."""
+    if takes == stored:
+        return fn
+    return lambda q, k, v: fn(
+        q, k.swapaxes(1, 2), v.swapaxes(1, 2)
+    )  # (B, K, S, H) <-> (B, S, K, H)
+
+
 def decode_layout_control(
     key: jax.Array,
     *,
@@ -583,47 +600,28 @@ def decode_layout_control(
         "(B, K, S, H)": heads_major,
         "(B, S, K, H)": tuple(c.swapaxes(1, 2) for c in heads_major),
     }
-    functions = {  # each takes the cache as stored and brings it to the layout it reads
-        "decode_attention": lambda layout: (
-            lambda q, k, v: decode_attention(
-                q,
-                *((k, v) if layout == "(B, K, S, H)" else (k.swapaxes(1, 2), v.swapaxes(1, 2))),
-                length - 1,
-            )
-        ),
-        "attention": lambda layout: (
-            lambda q, k, v: attention(
-                q, *((k, v) if layout == "(B, S, K, H)" else (k.swapaxes(1, 2), v.swapaxes(1, 2)))
-            )
-        ),
+    functions = {  # the function, and the layout it takes
+        "decode_attention": (lambda q, k, v: decode_attention(q, k, v, length - 1), "(B, K, S, H)"),
+        "attention": (attention, "(B, S, K, H)"),
     }
     cases = [(name, layout) for name in functions for layout in stored]
-    step = {case: jax.jit(functions[case[0]](case[1])) for case in cases}
+    step = {(name, layout): jax.jit(_in_layout(*functions[name], layout)) for name, layout in cases}
     runs = {case: functools.partial(step[case], query, *stored[case[1]]) for case in cases}
     samples = interleaved_samples(runs, repeats)
-    cache_elements = batch * heads * length * head_dim
     reference = np.asarray(runs[cases[0]](), np.float64)
-    rows = []
-    for case in cases:
-        fusions = compiled_fusions(step[case], query, *stored[case[1]])
-        transposes = [
-            f
-            for f in fusions
-            if ("transpose" in f["ops"] or f["ops"] == "copy")
-            and math.prod(int(d) for d in re.findall(r"\d+", f["shape"].split("[")[-1]))
-            == cache_elements
-        ]
-        rows.append(
-            {
-                "function": case[0],
-                "layout": case[1],
-                "seconds": statistics.median(samples[case]),
-                "samples": samples[case],
-                "transposes": len(transposes),
-                "difference": float(np.abs(np.asarray(runs[case](), np.float64) - reference).max()),
-            }
-        )
-    return rows
+    return [
+        {
+            "function": case[0],
+            "layout": case[1],
+            "seconds": statistics.median(samples[case]),
+            "samples": samples[case],
+            "transposes": _whole_array_transposes(
+                step[case], (query, *stored[case[1]]), batch * heads * length * head_dim
+            ),
+            "difference": float(np.abs(np.asarray(runs[case](), np.float64) - reference).max()),
+        }
+        for case in cases
+    ]
 
 
 def markdown_table(rows, columns: dict) -> str:
