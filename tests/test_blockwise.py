@@ -207,7 +207,7 @@ def test_empty_and_integer_inputs_raise_naming_them():
 
 
 def test_plain_autodiff_control_gives_the_same_gradient_with_more_scratch():
-    query, key, value = qkv(40, 40, 2, 2, head_dim=3, batch=1)
+    query, key, value = qkv(24, 24, 2, 2, head_dim=3, batch=1)
     loss = lambda fn: lambda q, k, v: (fn(q, k, v) ** 2).sum()
     grads = {
         custom: jax.grad(
@@ -230,8 +230,8 @@ def test_plain_autodiff_control_gives_the_same_gradient_with_more_scratch():
         .temp_size_in_bytes
         for custom, grad in grads.items()
     }
-    # Plain autodiff keeps every trip's (R, Sb) scores: 25 trips of 8 x 8 per head, at least.
-    assert scratch[False] >= scratch[True] + 25 * 8 * 8 * 2 * 4, scratch
+    # Plain autodiff keeps every trip's (R, Sb) scores: 9 trips of 8 x 8 per head, at least.
+    assert scratch[False] >= scratch[True] + 9 * 8 * 8 * 2 * 4, scratch
     causal = functools.partial(
         jaxloops.blockwise_attention, is_causal=True, block_size=8, custom_vjp=False
     )
