@@ -8,7 +8,13 @@ import pytest
 import jaxloops
 from conftest import normal
 from jaxloops import measure
-from jaxloops.blockwise import Tiling, heads_per_step, visible_key_blocks
+from jaxloops.blockwise import (
+    Tiling,
+    default_blocks,
+    heads_per_step,
+    unmasked_key_blocks,
+    visible_key_blocks,
+)
 
 
 def qkv(t, s, heads, kv_heads, head_dim=5, batch=3):
@@ -107,12 +113,54 @@ def test_heads_walk_together_while_their_rows_fit():
 
 
 def test_causal_query_tiles_see_only_the_key_blocks_up_to_their_last_query():
-    tiling = Tiling(T=20, S=20, q_block=8, k_block=3, is_causal=True)
+    tiling = Tiling(T=20, S=20, Tq=8, Sb=3, is_causal=True)
     # Tiles of 8 queries: the first ends at query 7 (key block 2 holds keys 6-8), the
     # second at 15 (block 5), the third at 23, capped at the 7 blocks there are.
     counts = [int(visible_key_blocks(tile, tiling, 7)) for tile in range(3)]
     assert counts == [3, 6, 7]
     assert visible_key_blocks(0, tiling._replace(is_causal=False), 7) == 7
+
+
+def test_only_blocks_that_cross_the_diagonal_or_hold_padding_are_masked():
+    tiling = Tiling(T=20, S=20, Tq=8, Sb=3, is_causal=True)
+    # Tile 0 starts at query 0: no block is whole to it. Tile 1 starts at query 8: blocks
+    # 0-2 (keys 0-8) are, block 3 (keys 9-11) is not. Tile 2 starts at 16: blocks 0-4
+    # (keys 0-14), and block 5 (keys 15-17) crosses; block 6 holds padded keys 20 and 21.
+    assert [int(unmasked_key_blocks(tile, tiling, 7)) for tile in range(3)] == [0, 3, 5]
+    full = tiling._replace(is_causal=False)
+    assert unmasked_key_blocks(0, full, 7) == 6  # every block but the padded last one
+    assert unmasked_key_blocks(0, full._replace(S=21), 7) == 7  # no padding: none masked
+
+
+def test_default_tiles_depend_on_length_and_causality():
+    # Full attention: one tiling at every length.
+    assert {default_blocks(t, False) for t in (7, 512, 1024, 4096)} == {(512, 4)}
+    # Causal: key blocks of T / 4 (a power of two, 128 to 512), query tiles of 512.
+    assert default_blocks(1024, True) == (256, 2)
+    assert default_blocks(2048, True) == (512, 1)
+    assert default_blocks(4096, True) == (512, 1)
+    assert default_blocks(512, True) == (128, 4)
+    assert default_blocks(1500, True) == (256, 2)  # 375 rounds down to 256
+    assert default_blocks(7, True) == (128, 4)
+    assert default_blocks(np.int64(2048), True) == (512, 1)
+    # From T = 1024 on, the causal tiling has at least 2 query tiles and 4 key blocks, so it
+    # skips blocks above the diagonal; full attention walks all of them.
+    for t in (1024, 2048, 4096, 8192, 16384):
+        block, parallel = default_blocks(t, True)
+        assert t // (block * parallel) >= 2 and t // block >= 4, t
+    with pytest.raises(ValueError, match="T must be >= 1, got 0"):
+        default_blocks(0, True)
+
+
+def test_default_tiling_is_what_a_call_without_sizes_uses():
+    query, key, value = qkv(1024, 1024, 2, 1, head_dim=3, batch=1)
+    for is_causal in (False, True):
+        block, parallel = default_blocks(1024, is_causal)
+        fn = functools.partial(jaxloops.blockwise_attention, is_causal=is_causal)
+        explicit = functools.partial(fn, block_size=block, parallel_blocks=parallel)
+        other = functools.partial(fn, block_size=64, parallel_blocks=1)
+        text = lambda f: jax.jit(f).lower(query, key, value).as_text()
+        assert text(fn) == text(explicit) and text(fn) != text(other), is_causal
 
 
 def test_online_softmax_over_two_blocks_equals_softmax():
@@ -156,3 +204,36 @@ def test_empty_and_integer_inputs_raise_naming_them():
         jaxloops.blockwise_attention(query, key[:, :0], value[:, :0])
     with pytest.raises(ValueError, match="key must be floating point, got int32"):
         jaxloops.blockwise_attention(query, key.astype(np.int32), value)
+
+
+def test_plain_autodiff_control_gives_the_same_gradient_with_more_scratch():
+    query, key, value = qkv(24, 24, 2, 2, head_dim=3, batch=1)
+    loss = lambda fn: lambda q, k, v: (fn(q, k, v) ** 2).sum()
+    grads = {
+        custom: jax.grad(
+            loss(
+                functools.partial(
+                    jaxloops.blockwise_attention, block_size=8, parallel_blocks=1, custom_vjp=custom
+                )
+            ),
+            argnums=(0, 1, 2),
+        )
+        for custom in (True, False)
+    }
+    for got, expected in zip(grads[False](query, key, value), grads[True](query, key, value)):
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    scratch = {
+        custom: jax.jit(grad)
+        .lower(query, key, value)
+        .compile()
+        .memory_analysis()
+        .temp_size_in_bytes
+        for custom, grad in grads.items()
+    }
+    # Plain autodiff keeps every trip's (R, Sb) scores: 9 trips of 8 x 8 per head, at least.
+    assert scratch[False] >= scratch[True] + 9 * 8 * 8 * 2 * 4, scratch
+    causal = functools.partial(
+        jaxloops.blockwise_attention, is_causal=True, block_size=8, custom_vjp=False
+    )
+    with pytest.raises(ValueError, match="while_loop or lax.fori_loop with dynamic"):
+        jax.grad(loss(causal))(query, key, value)

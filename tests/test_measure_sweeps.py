@@ -7,6 +7,7 @@ import pytest
 
 import jaxloops
 from jaxloops import measure
+from jaxloops.attention import softmax
 
 
 def test_reference_matches_naive_in_float64_terms():
@@ -102,3 +103,37 @@ def test_loop_copies_counts_the_cache_copies_a_loop_body_makes():
     assert measure.loop_copies(as_given, elements) >= 1  # the products' reshaped copy
     assert measure.loop_copies(carried, elements) == 0
     assert measure.loop_copies(as_given, elements + 1) == 0  # only arrays of that size count
+
+
+def test_softmax_control_keeps_the_passes_and_bytes_but_no_exponential():
+    scores = jnp.asarray(np.random.default_rng(0).standard_normal((3, 5, 7, 11)), jnp.float32)
+    real = measure.compiled_costs(softmax, scores)
+    control = measure.compiled_costs(measure.softmax_without_exp, scores)
+    assert real["transcendentals"] >= scores.size and control["transcendentals"] == 0
+    assert control["bytes_accessed"] == pytest.approx(real["bytes_accessed"], rel=0.05)
+    weights = np.asarray(measure.softmax_without_exp(scores))
+    np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)  # rows still sum to one...
+    assert np.abs(weights - np.asarray(softmax(scores))).max() > 0.01  # ...
+
+
+def test_naive_parts_include_their_controls_in_the_same_rotation():
+    rows = measure.naive_attention_parts(jax.random.key(0), T=24, heads=3, head_dim=5, repeats=3)
+    part = {row["part"]: row for row in rows}
+    no_exp = part["control: softmax, exp → 1 / (1 - x)"]
+    square = part["control: square matmul, FLOPs of Q Kᵀ"]
+    assert no_exp["transcendentals"] == 0 < part["softmax"]["transcendentals"]
+    # n^3 rounds the cube root: within (1 +- 1/n)^3 of the scores matmul's FLOPs.
+    assert square["flops"] == pytest.approx(part["scores: Q Kᵀ"]["flops"], rel=0.2)
+    assert all(len(row["samples"]) == 3 for row in rows)
+
+
+def test_layout_control_computes_one_step_four_ways_and_finds_the_transposes():
+    rows = measure.decode_layout_control(
+        jax.random.key(0), batch=2, length=13, heads=3, head_dim=5, dtype="float32", repeats=1
+    )
+    cell = {(row["function"], row["layout"]): row for row in rows}
+    assert len(cell) == 4
+    assert max(row["difference"] for row in rows) < 1e-5  # the same attention step, four ways
+    assert cell["decode_attention", "(B, K, S, H)"]["transposes"] == 0
+    assert cell["decode_attention", "(B, S, K, H)"]["transposes"] >= 1
+    assert all(row["seconds"] > 0 for row in rows)

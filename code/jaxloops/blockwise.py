@@ -10,111 +10,42 @@ once for all of them and each product is a plain (R x H) by (H x Sb) matrix prod
 tiles walk together, several heads per step (`heads_per_step`), so that a step's products
 are large enough to be worth splitting over the cores. The backward pass
 (`jax.custom_vjp`) keeps only Q, K, V, the output and one log-sum-exp per query row, and
-recomputes each tile's scores from them.
+recomputes each tile's scores from them. What one tile does lives in `blockwise_tiles`.
 """
 
 import functools
 import math
-from typing import NamedTuple
+import operator
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from jaxloops.attention import check_attention_shapes, masked_fill_value
+from jaxloops.blockwise_tiles import (  # re-exported: the tiles' pieces, one import away
+    ROWS_PER_STEP,
+    Tiling,
+    heads_per_step,
+    online_softmax_step,
+    tile_scores,
+    unmasked_key_blocks,
+    visible_key_blocks,
+    walk_key_blocks,
+)
 
-
-class Tiling(NamedTuple):
-    """Static facts of one blockwise call (hashable, so it can be a custom_vjp static)."""
-
-    T: int  # queries before padding
-    S: int  # keys before padding
-    q_block: int  # Tq = parallel_blocks * Tb: queries of one head in a tile
-    k_block: int  # Sb
-    is_causal: bool
-
-
-# A step of the walk handles tiles of several heads at once when one tile has fewer rows than
-# this: enough rows for a product worth splitting over the cores, and a score tile of
-# 4 MiB at Sb = 512 (float32), which stays in a CPU's last-level cache.
-ROWS_PER_STEP = 2048
-
-
-def heads_per_step(n_heads: int, rows: int, max_rows: int = ROWS_PER_STEP) -> int:
-    """How many tiles of one query chunk (one per head, of n_heads = B * K) walk together.
-
-    The largest divisor of n_heads that keeps (divisor * rows) <= max_rows; 1 if even one
-    tile is larger.
-    """
-    fits = [p for p in range(1, n_heads + 1) if n_heads % p == 0 and p * rows <= max_rows]
-    return max(fits, default=1)
-
-
-def online_softmax_step(carry, scores, value_block):
-    """Folds one key block into the running (max, sum, output) of an online softmax.
-
-    Args:
-      carry: running max (..., R), sum (..., R) and output (..., R, H) of R query rows,
-        float32; `...` is any leading axes (the tiles walking together).
-      scores: this block's scaled, masked logits (..., R, Sb), float32.
-      value_block: this block's values (..., Sb, H).
-
-    Returns:
-      The updated carry.
-    """
-    running_max, running_sum, out = carry
-    new_max = jnp.maximum(running_max, scores.max(axis=-1))  # (..., R)
-    # Everything summed so far was relative to the old max: rescale it to the new one.
-    correction = jnp.exp(running_max - new_max)  # (..., R)
-    weights = jnp.exp(scores - new_max[..., None])  # (..., R, Sb)
-    new_sum = running_sum * correction + weights.sum(axis=-1)  # (..., R)
-    mixed = jnp.einsum(
-        "...RS,...SH->...RH",
-        weights.astype(value_block.dtype),
-        value_block,
-        preferred_element_type=out.dtype,
-    )  # (..., R, H)
-    return new_max, new_sum, out * correction[..., None] + mixed
-
-
-def tile_scores(query_tile, key_block, q_start, k_start, tiling: Tiling):
-    """Masked float32 logits of query tiles against one key block.
-
-    Args:
-      query_tile: (..., R, H), R = G * Tq rows (query head g's query t in row g * Tq + t),
-        already multiplied by 1/sqrt(H) (once per tile, instead of once per score).
-      key_block: (..., Sb, H).
-      q_start, k_start: positions of the tiles' first query and the block's first key.
-
-    Returns:
-      (..., R, Sb); padded keys and, if causal, keys after the query get the fill value.
-    """
-    rows = query_tile.shape[-2]  # R = G * Tq
-    scores = jnp.einsum(
-        "...RH,...SH->...RS", query_tile, key_block, preferred_element_type=jnp.float32
-    )  # (..., R, Sb)
-    k_pos = k_start + jnp.arange(tiling.k_block)  # (Sb,)
-    visible = None
-    if tiling.S % tiling.k_block:  # keys padded up to a whole block never count
-        visible = jnp.broadcast_to(k_pos < tiling.S, (rows, tiling.k_block))
-    if tiling.is_causal:
-        q_pos = q_start + jnp.arange(rows) % tiling.q_block  # (R,): each head's rows restart
-        causal = q_pos[:, None] >= k_pos[None, :]  # (R, Sb)
-        visible = causal if visible is None else visible & causal
-    if visible is None:
-        return scores
-    return jnp.where(visible, scores, masked_fill_value(jnp.float32))
-
-
-def visible_key_blocks(chunk, tiling: Tiling, n_key_blocks: int):
-    """How many key blocks, from the first, the query tile at position `chunk` must see.
-
-    Causal: the tile's last query sees keys up to its own position, and no block after.
-    """
-    if not tiling.is_causal:
-        return n_key_blocks
-    last_query = (chunk + 1) * tiling.q_block - 1
-    return jnp.minimum(last_query // tiling.k_block + 1, n_key_blocks)
+__all__ = (
+    "ROWS_PER_STEP",
+    "Tiling",
+    "blockwise_attention",
+    "default_blocks",
+    "heads_per_step",
+    "online_softmax_step",
+    "tile_grads",
+    "tile_scores",
+    "unmasked_key_blocks",
+    "visible_key_blocks",
+    "walk_key_blocks",
+)
 
 
 def _forward(query, key, value, tiling: Tiling):
@@ -131,7 +62,7 @@ def _forward(query, key, value, tiling: Tiling):
     """
     n_steps, per_step, R, H = query.shape
     n_key_blocks, n_heads, Sb = key.shape[:3]
-    groups, Tq = n_heads // per_step, tiling.q_block  # steps per query chunk
+    groups, Tq = n_heads // per_step, tiling.Tq  # steps per query chunk
     fill = masked_fill_value(jnp.float32)
 
     def one_step(args):
@@ -139,10 +70,12 @@ def _forward(query, key, value, tiling: Tiling):
         chunk, first_head = i // groups, (i % groups) * per_step
         query_tiles = query_tiles * jnp.asarray(1.0 / math.sqrt(H), query_tiles.dtype)
 
-        def fold_key_block(j, carry):
+        def fold_key_block(j, carry, masked):
             keys = lax.dynamic_slice_in_dim(key[j], first_head, per_step)  # (per_step, Sb, H)
             values = lax.dynamic_slice_in_dim(value[j], first_head, per_step)  # (per_step, Sb, H)
-            scores = tile_scores(query_tiles, keys, chunk * Tq, j * Sb, tiling)  # (per_step, R, Sb)
+            scores = tile_scores(
+                query_tiles, keys, chunk * Tq, j * Sb, tiling, masked
+            )  # (per_step, R, Sb)
             return online_softmax_step(carry, scores, values)
 
         init = (
@@ -150,15 +83,18 @@ def _forward(query, key, value, tiling: Tiling):
             jnp.zeros((per_step, R), jnp.float32),
             jnp.zeros((per_step, R, H), jnp.float32),
         )
-        n_visible = visible_key_blocks(chunk, tiling, n_key_blocks)
-        running_max, running_sum, out = lax.fori_loop(0, n_visible, fold_key_block, init)
+        running_max, running_sum, out = walk_key_blocks(
+            fold_key_block, chunk, tiling, n_key_blocks, init
+        )
         # The log-sum-exp of each row is all the backward pass needs to rebuild the weights.
         return out / running_sum[..., None], running_max + jnp.log(running_sum)
 
     return lax.map(one_step, (query, jnp.arange(n_steps)))
 
 
-def tile_grads(query_tile, key_block, value_block, d_out, lse, delta, q_start, k_start, tiling):
+def tile_grads(
+    query_tile, key_block, value_block, d_out, lse, delta, q_start, k_start, tiling, masked=True
+):
     """Gradient contributions of query tiles against one key block, scores recomputed.
 
     Args:
@@ -171,7 +107,7 @@ def tile_grads(query_tile, key_block, value_block, d_out, lse, delta, q_start, k
       gradients are summed over the R rows, so over the G query heads that share them.
     """
     H = query_tile.shape[-1]
-    scores = tile_scores(query_tile, key_block, q_start, k_start, tiling)
+    scores = tile_scores(query_tile, key_block, q_start, k_start, tiling, masked)
     weights = jnp.exp(scores - lse[..., None])  # (..., R, Sb): the forward's softmax
     d_value = jnp.einsum("...RS,...RH->...SH", weights, d_out)  # (..., Sb, H)
     d_weights = jnp.einsum("...RH,...SH->...RS", d_out, value_block)  # (..., R, Sb)
@@ -202,7 +138,7 @@ def _backward(tiling: Tiling, residuals, d_out):
     query, key, value, out, lse = residuals
     n_steps, per_step = query.shape[:2]
     n_key_blocks, n_heads, Sb = key.shape[:3]
-    groups, Tq = n_heads // per_step, tiling.q_block
+    groups, Tq = n_heads // per_step, tiling.Tq
     scale = 1.0 / math.sqrt(query.shape[-1])
     scaled = (query * jnp.asarray(scale, query.dtype)).astype(jnp.float32)  # as forward saw it
     key32, value32 = key.astype(jnp.float32), value.astype(jnp.float32)
@@ -213,7 +149,7 @@ def _backward(tiling: Tiling, residuals, d_out):
         query_tiles, d_out_tiles, lse_tiles, delta_tiles, i = args
         chunk, first_head = i // groups, (i % groups) * per_step
 
-        def fold_key_block(j, inner):
+        def fold_key_block(j, inner, masked):
             d_query, d_key, d_value = inner
             dq, dk, dv = tile_grads(
                 query_tiles,
@@ -225,13 +161,13 @@ def _backward(tiling: Tiling, residuals, d_out):
                 chunk * Tq,
                 j * Sb,
                 tiling,
+                masked,
             )  # (per_step, R, H), (per_step, Sb, H), (per_step, Sb, H)
             d_key = _add_into(d_key, j, first_head, dk)
             return d_query + dq, d_key, _add_into(d_value, j, first_head, dv)
 
-        n_visible = visible_key_blocks(chunk, tiling, n_key_blocks)
         init = (jnp.zeros_like(query_tiles), *carry)
-        d_query, d_key, d_value = lax.fori_loop(0, n_visible, fold_key_block, init)
+        d_query, d_key, d_value = walk_key_blocks(fold_key_block, chunk, tiling, n_key_blocks, init)
         return (d_key, d_value), d_query
 
     zeros = jnp.zeros_like(key32)  # (nS, B * K, Sb, H)
@@ -262,8 +198,53 @@ def _pad_to(x, axis: int, multiple: int):
     return jnp.pad(x, widths)
 
 
+# Default tiles. Full attention: blocks of 512, four to a query tile (Tq = 2048), so that each
+# step's products are large. Causal: a tile skips only the key blocks after its last query, so
+# the saving grows with the number n of query tiles (at best 2n / (n + 1) of the work); query
+# tiles of 512 and key blocks of T / 4 (128 to 512). Smaller query tiles skip more on paper,
+# but on the 2-core CPU of chapter 9 their steps ran too slowly to gain (see the commit log).
+FULL_BLOCK, FULL_PARALLEL_BLOCKS = 512, 4
+CAUSAL_QUERY_TILE, CAUSAL_MIN_BLOCK = 512, 128
+
+
+def default_blocks(T: int, is_causal: bool) -> tuple[int, int]:
+    """(block_size, parallel_blocks) that `blockwise_attention` uses for T queries by default.
+
+    Full attention: (512, 4) at every T. Causal: key blocks of T / 4 rounded down to a power
+    of two and clipped to [128, 512], as many to a query tile as make it 512 queries.
+    """
+    T = operator.index(T)  # a NumPy integer too
+    if T < 1:
+        raise ValueError(f"T must be >= 1, got {T}")
+    if not is_causal:
+        return FULL_BLOCK, FULL_PARALLEL_BLOCKS
+    quarter = 2 ** max(0, (T // 4).bit_length() - 1)  # largest power of two <= T / 4
+    block = min(max(quarter, CAUSAL_MIN_BLOCK), CAUSAL_QUERY_TILE)
+    return block, CAUSAL_QUERY_TILE // block
+
+
+def _to_tiles(query, key, value, Tq: int, Sb: int, per_step: int):
+    """Pads and cuts query into (steps, per_step, R, H) tiles, key and value into
+    (nS, B * K, Sb, H) blocks (see `_forward`)."""
+    B, _, K, H = key.shape
+    G = query.shape[2] // K
+    query = _pad_to(query, 1, Tq)  # (B, nT * Tq, N, H)
+    query = query.reshape(B, -1, Tq, K, G, H)  # (B, nT, Tq, K, G, H)
+    query = query.transpose(1, 0, 3, 4, 2, 5)  # (nT, B, K, G, Tq, H)
+    query = query.reshape(-1, per_step, G * Tq, H)  # (steps, per_step, R, H)
+    key, value = (
+        _pad_to(x, 1, Sb)  # (B, nS * Sb, K, H)
+        .reshape(B, -1, Sb, K, H)  # (B, nS, Sb, K, H)
+        .transpose(1, 0, 3, 2, 4)  # (nS, B, K, Sb, H)
+        .reshape(-1, B * K, Sb, H)  # (nS, B * K, Sb, H)
+        for x in (key, value)
+    )
+    return query, key, value
+
+
 @functools.partial(
-    jax.jit, static_argnames=("is_causal", "block_size", "parallel_blocks", "rows_per_step")
+    jax.jit,
+    static_argnames=("is_causal", "block_size", "parallel_blocks", "rows_per_step", "custom_vjp"),
 )
 def blockwise_attention(
     query,
@@ -271,9 +252,10 @@ def blockwise_attention(
     value,
     *,
     is_causal: bool = False,
-    block_size: int = 512,
-    parallel_blocks: int = 4,
+    block_size: int | None = None,
+    parallel_blocks: int | None = None,
     rows_per_step: int = ROWS_PER_STEP,
+    custom_vjp: bool = True,
 ):
     """Attention that never materialises (T, S), forward or backward: memory linear in T, S.
 
@@ -284,42 +266,38 @@ def blockwise_attention(
       is_causal: query t attends to keys s <= t (top-left); key blocks entirely after a
         tile's last query are skipped, not just masked.
       block_size: queries and keys per block (Tb = Sb); T and S need not be multiples of it.
+        None: `default_blocks(T, is_causal)`.
       parallel_blocks: query blocks of one head that walk the key blocks together, as one
-        tile.
+        tile (Tq = parallel_blocks * Tb queries). None: `default_blocks(T, is_causal)`.
       rows_per_step: tiles of several heads walk together while their rows add up to at
         most this (one tile a step if it alone is larger).
+      custom_vjp: False differentiates the same walk with plain autodiff instead, which
+        keeps every trip's score tiles for the backward pass, and cannot differentiate a
+        causal walk at all (its loop bounds depend on the tile); a control, not for use.
 
     Returns:
       (B, T, N, H), in the dtype of value. Differentiable: the backward pass recomputes
       the scores from the saved per-row log-sum-exp.
     """
+    query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
+    B, T, S, N, K, H = check_attention_shapes(query, key, value)
+    default_block, default_parallel = default_blocks(T, is_causal)
+    block_size = default_block if block_size is None else block_size
+    parallel_blocks = default_parallel if parallel_blocks is None else parallel_blocks
     if block_size < 1 or parallel_blocks < 1 or rows_per_step < 1:
         raise ValueError(
             f"block_size, parallel_blocks and rows_per_step must be >= 1, got {block_size}, "
             f"{parallel_blocks}, {rows_per_step}"
         )
-    query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
-    B, T, S, N, K, H = check_attention_shapes(query, key, value)
-    G = N // K
-    q_block, k_block = min(block_size, T), min(block_size, S)
+    Tb, Sb = min(block_size, T), min(block_size, S)
     # No more parallel blocks than there are blocks; independent rows, stacked into one tile.
-    Tq = min(parallel_blocks, -(-T // q_block)) * q_block
-    tiling = Tiling(T, S, Tq, k_block, is_causal)
-    per_step = heads_per_step(B * K, G * Tq, rows_per_step)
+    Tq = min(parallel_blocks, -(-T // Tb)) * Tb
+    tiling = Tiling(T, S, Tq, Sb, is_causal)
+    per_step = heads_per_step(B * K, (N // K) * Tq, rows_per_step)
 
-    query = _pad_to(query, 1, Tq)  # (B, nT * Tq, N, H)
-    query = query.reshape(B, -1, Tq, K, G, H)  # (B, nT, Tq, K, G, H)
-    query = query.transpose(1, 0, 3, 4, 2, 5)  # (nT, B, K, G, Tq, H)
-    query = query.reshape(-1, per_step, G * Tq, H)  # (steps, per_step, R, H)
-    key, value = (
-        _pad_to(x, 1, k_block)  # (B, nS * Sb, K, H)
-        .reshape(B, -1, k_block, K, H)  # (B, nS, Sb, K, H)
-        .transpose(1, 0, 3, 2, 4)  # (nS, B, K, Sb, H)
-        .reshape(-1, B * K, k_block, H)  # (nS, B * K, Sb, H)
-        for x in (key, value)
-    )
-
-    out = _blockwise_core(query, key, value, tiling)  # (steps, per_step, R, H)
-    out = out.reshape(-1, B, K, G, Tq, H)  # (nT, B, K, G, Tq, H)
+    tiles = _to_tiles(query, key, value, Tq, Sb, per_step)
+    core = _blockwise_core if custom_vjp else lambda *args: _forward(*args)[0]
+    out = core(*tiles, tiling)  # (steps, per_step, R, H)
+    out = out.reshape(-1, B, K, N // K, Tq, H)  # (nT, B, K, G, Tq, H)
     out = out.transpose(1, 0, 4, 2, 3, 5).reshape(B, -1, N, H)  # (B, nT * Tq, N, H)
     return out[:, :T].astype(value.dtype)  # (B, T, N, H)

@@ -32,6 +32,7 @@ from jaxloops.measure.sweeps import (
     attention_sweep,
     blockwise_tile_parts,
     causal_sweep,
+    decode_layout_control,
     decode_sweep,
     markdown_table,
     naive_attention_parts,
@@ -39,6 +40,7 @@ from jaxloops.measure.sweeps import (
     random_cache,
     random_qkv,
     reference_attention,
+    softmax_without_exp,
 )
 from jaxloops.measure.throughput import (
     fit_against_bare_epoch,
@@ -75,6 +77,7 @@ __all__ = (
     "compiled_fusions",
     "CompileLog",
     "count_compiles",
+    "decode_layout_control",
     "decode_sweep",
     "describe_backend",
     "device_op_seconds",
@@ -104,6 +107,7 @@ __all__ = (
     "run_attention",
     "run_label",
     "scan_throughput",
+    "softmax_without_exp",
     "Span",
     "strict",
     "time_call",

@@ -22,11 +22,12 @@ CUDNN_FMHA_TARGET = "__cudnn$fmha"
 
 
 def attention_fn(
-    implementation: str, *, is_causal: bool = False, block_size: int = 128
+    implementation: str, *, is_causal: bool = False, block_size: int | None = None
 ) -> Callable:
     """The function behind an implementation name: (query, key, value) -> (B, T, N, H).
 
     The same request returns the same function object, so jit reuses its compilation.
+    block_size is blockwise's (None: its default tiling, `blockwise.default_blocks`).
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
@@ -70,7 +71,13 @@ def _first_line(error: Exception) -> str:
 
 
 def run_attention(
-    implementation: str, query, key, value, *, is_causal: bool = False, block_size: int = 128
+    implementation: str,
+    query,
+    key,
+    value,
+    *,
+    is_causal: bool = False,
+    block_size: int | None = None,
 ):
     """Runs one implementation, reporting a refusal instead of raising it.
 
@@ -112,7 +119,7 @@ def attention_with_fallback(
     *,
     fallback: str = "xla",
     is_causal: bool = False,
-    block_size: int = 128,
+    block_size: int | None = None,
 ):
     """Runs `implementation`; if it refuses, runs `fallback` and says so in the record.
 
@@ -161,7 +168,7 @@ def implementation_report(
     length: int = 256,
     heads: int = 4,
     fallback: str = "xla",
-    block_size: int = 128,
+    block_size: int | None = None,
 ) -> list[dict]:
     """Which implementations work on the current backend, one row per case.
 

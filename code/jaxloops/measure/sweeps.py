@@ -22,7 +22,7 @@ from jaxloops.blockwise import (
     tile_scores,
 )
 from jaxloops.kvcache import decode_attention
-from jaxloops.measure.compiled import compiled_costs
+from jaxloops.measure.compiled import compiled_costs, compiled_fusions
 from jaxloops.measure.kernels import attention_fn, run_attention
 from jaxloops.measure.timing import interleaved_samples
 
@@ -82,7 +82,7 @@ def attention_sweep(
     batch: int,
     heads: int,
     head_dim: int,
-    block_size: int,
+    block_size: int | None,
     repeats: int,
     materialise_max_length: int,
     parallel_blocks: int | None = None,
@@ -91,7 +91,7 @@ def attention_sweep(
 
     Args:
       requests: (implementation, dtype) or (implementation, dtype, is_causal) tuples.
-      parallel_blocks: blockwise's query blocks per chunk (None: its default).
+      block_size, parallel_blocks: blockwise's (None: its default tiling for that T).
 
     One compile per point serves all the compiled measurements, and the timed calls of the
     requests alternate (`interleaved_samples`), so that a slow moment of a shared machine
@@ -106,17 +106,15 @@ def attention_sweep(
     for length in lengths:
         qkv, timed = {}, []
         for name, dtype, *causal in requests:
-            is_causal = bool(causal and causal[0])
             if dtype not in qkv:
                 qkv[dtype] = random_qkv(
                     key, batch=batch, length=length, heads=heads, head_dim=head_dim, dtype=dtype
                 )
-            args = qkv[dtype]
             row = {
                 "implementation": name,
                 "dtype": dtype,
                 "T": int(length),
-                "is_causal": is_causal,
+                "is_causal": bool(causal and causal[0]),
                 "temp_bytes": None,
                 "flops": None,
                 "bytes_accessed": None,
@@ -125,22 +123,12 @@ def attention_sweep(
                 "error": "",
             }
             rows.append(row)
-            fn = attention_fn(name, is_causal=is_causal, block_size=block_size)
+            fn = attention_fn(name, is_causal=row["is_causal"], block_size=block_size)
             if name == "blockwise" and parallel_blocks is not None:
                 fn = functools.partial(fn, parallel_blocks=parallel_blocks)
-            if name in MATERIALISING and length > materialise_max_length:
-                row.update(compiled_costs(fn, *args))
-                row["error"] = f"not run: needs {row['temp_bytes'] / 2**30:.1f} GiB of scratch"
-                continue
-            # One checked run: it compiles (and warms up), and catches a refusal with its text.
-            _, record = run_attention(name, *args, is_causal=is_causal, block_size=block_size)
-            if not record["works"]:
-                row["error"] = record["error"]
-                continue
-            row.update(compiled_costs(fn, *args))
-            if name == "blockwise":
-                row["flops"] = row["bytes_accessed"] = None
-            timed.append((row, functools.partial(jax.jit(fn), *args)))
+            run = _prepare_point(row, fn, qkv[dtype], materialise_max_length, block_size)
+            if run is not None:
+                timed.append((row, run))
         samples = interleaved_samples({str(i): run for i, (_, run) in enumerate(timed)}, repeats)
         for i, (row, _) in enumerate(timed):
             row["samples"] = samples[str(i)]
@@ -148,21 +136,66 @@ def attention_sweep(
     return rows
 
 
+def _prepare_point(row: dict, fn, args, materialise_max_length: int, block_size: int | None):
+    """Fills `row` with what one compile of fn(*args) says and returns the call to time, or
+    None (with the reason in row["error"]) when it is not to be run.
+
+    One checked run first: it compiles (and warms up), and catches a refusal with its text.
+    """
+    name = row["implementation"]
+    if name in MATERIALISING and row["T"] > materialise_max_length:
+        row.update(compiled_costs(fn, *args))
+        row["error"] = f"not run: needs {row['temp_bytes'] / 2**30:.1f} GiB of scratch"
+        return None
+    _, record = run_attention(name, *args, is_causal=row["is_causal"], block_size=block_size)
+    if not record["works"]:
+        row["error"] = record["error"]
+        return None
+    row.update(compiled_costs(fn, *args))
+    if name == "blockwise":
+        row["flops"] = row["bytes_accessed"] = None
+    return functools.partial(jax.jit(fn), *args)
+
+
+def softmax_without_exp(scores, axis: int = -1):
+    """`attention.softmax` with its exponential replaced by 1 / (1 - x): the control pass.
+
+    The same reductions (max, sum), the same passes and the same bytes read and written; no
+    transcendental. (A cheaper op, x * x, would not do: XLA recomputes so cheap an op in
+    each consumer instead of writing it, and the bytes change.) Its weights are not a
+    softmax: only its time is of use.
+    """
+    shifted = scores - scores.max(axis=axis, keepdims=True)  # <= 0, so 1 - shifted >= 1
+    weights = 1.0 / (1.0 - shifted)  # where softmax has jnp.exp(shifted)
+    return weights / weights.sum(axis=axis, keepdims=True)
+
+
 def naive_attention_parts(key: jax.Array, *, T: int, heads: int, head_dim: int, repeats: int):
     """A profile of naive attention by parts: each of its moves compiled and timed alone.
 
     Returns:
-      Rows (part, flops, bytes_accessed, seconds) for the scores matmul, the softmax (scale,
-      max, exponentials, sum, divide), the mix matmul and the whole program, T = S, B = 1.
-      The timed calls alternate between the parts.
+      Rows (part, flops, bytes_accessed, transcendentals, seconds) for the scores matmul,
+      the softmax (scale, max, exponentials, sum, divide), the mix matmul and the whole
+      program, T = S, B = 1; and two controls: the softmax with its exponential replaced by
+      1 / (1 - x) (`softmax_without_exp`: same passes and bytes, no exponential), and a square
+      float32 matmul of the scores matmul's FLOPs (the roofline's kind of work). The timed
+      calls alternate between all of them.
     """
     query, key_, value = random_qkv(key, batch=1, length=T, heads=heads, head_dim=head_dim)
     scores = jax.jit(lambda q, k: jnp.einsum("BTNH,BSNH->BNTS", q, k))(query, key_)  # (B, N, T, S)
+    scale = 1.0 / math.sqrt(head_dim)
+    n = round((T * T * heads * head_dim) ** (1 / 3))  # n^3 = T S N H multiply-adds
+    square = jnp.asarray(np.random.default_rng(0).standard_normal((n, n), np.float32))
     parts = {
         "scores: Q Kᵀ": (lambda q, k: jnp.einsum("BTNH,BSNH->BNTS", q, k), (query, key_)),
-        "softmax": (lambda s: softmax(s * (1.0 / math.sqrt(head_dim))), (scores,)),
+        "softmax": (lambda s: softmax(s * scale), (scores,)),
         "mix: weights V": (lambda w, v: jnp.einsum("BNTS,BSNH->BTNH", w, v), (scores, value)),
         "whole (naive)": (attention, (query, key_, value)),
+        "control: softmax, exp → 1 / (1 - x)": (
+            lambda s: softmax_without_exp(s * scale),
+            (scores,),
+        ),
+        "control: square matmul, FLOPs of Q Kᵀ": (jnp.matmul, (square, square)),
     }
     return _timed_parts(parts, repeats)
 
@@ -308,7 +341,7 @@ def causal_sweep(
     batch: int,
     heads: int,
     head_dim: int,
-    block_size: int,
+    block_size: int | None,
     repeats: int,
     materialise_max_length: int,
     parallel_blocks: int | None = None,
@@ -426,6 +459,78 @@ def decode_sweep(
             )
         del caches
     return rows
+
+
+def _whole_array_transposes(fn, args, elements: int) -> int:
+    """Fusions of the compiled `jax.jit(fn)(*args)` that transpose or copy `elements` values."""
+    fusions = compiled_fusions(fn, *args)
+    moves = [f for f in fusions if "transpose" in f["ops"] or f["ops"] == "copy"]
+    return sum(f["elements"] == elements for f in moves)
+
+
+def _in_layout(fn, takes: str, stored: str):
+    """fn(query, key, value) on a cache stored `stored`, transposed first if fn `takes` other."""
+    if takes == stored:
+        return fn
+    return lambda q, k, v: fn(
+        q, k.swapaxes(1, 2), v.swapaxes(1, 2)
+    )  # (B, K, S, H) <-> (B, S, K, H)
+
+
+def decode_layout_control(
+    key: jax.Array,
+    *,
+    batch: int,
+    length: int,
+    heads: int,
+    head_dim: int,
+    dtype,
+    repeats: int,
+) -> list[dict]:
+    """One MHA decode step (T = 1, K = N, S = length), function and cache layout swapped apart.
+
+    Four calls, timed in turns: `decode_attention` and the general `attention`, each on a
+    cache stored heads-major (B, K, S, H) and on one stored (B, S, K, H). A function given
+    the layout it does not take gets a transpose inside the timed call, so the layout's
+    cost is measured with the function held fixed, and the function's with the layout held
+    fixed.
+
+    Returns:
+      Rows (function, layout, seconds: median of `repeats`, samples, transposes: fusions of
+      the compiled step that transpose or copy a whole cache, difference: max |output -
+      the first case's output|, which only rounding should make nonzero).
+    """
+    query = random_qkv(key, batch=batch, length=1, heads=heads, head_dim=head_dim, dtype=dtype)[0]
+    heads_major = tuple(
+        random_cache(jax.random.fold_in(key, i), batch, length, heads, head_dim, dtype)
+        for i in (1, 2)
+    )  # (B, K, S, H) each
+    stored = {
+        "(B, K, S, H)": heads_major,
+        "(B, S, K, H)": tuple(c.swapaxes(1, 2) for c in heads_major),
+    }
+    functions = {  # the function, and the layout it takes
+        "decode_attention": (lambda q, k, v: decode_attention(q, k, v, length - 1), "(B, K, S, H)"),
+        "attention": (attention, "(B, S, K, H)"),
+    }
+    cases = [(name, layout) for name in functions for layout in stored]
+    step = {(name, layout): jax.jit(_in_layout(*functions[name], layout)) for name, layout in cases}
+    runs = {case: functools.partial(step[case], query, *stored[case[1]]) for case in cases}
+    samples = interleaved_samples(runs, repeats)
+    reference = np.asarray(runs[cases[0]](), np.float64)
+    return [
+        {
+            "function": case[0],
+            "layout": case[1],
+            "seconds": statistics.median(samples[case]),
+            "samples": samples[case],
+            "transposes": _whole_array_transposes(
+                step[case], (query, *stored[case[1]]), batch * heads * length * head_dim
+            ),
+            "difference": float(np.abs(np.asarray(runs[case](), np.float64) - reference).max()),
+        }
+        for case in cases
+    ]
 
 
 def markdown_table(rows, columns: dict) -> str:

@@ -1,0 +1,133 @@
+"""The tiles of blockwise attention: what one tile computes against one key block.
+
+A tile is R = G * Tq query rows of one (batch element, key/value head); it walks the key
+blocks of Sb keys of its head, folding each into the running (max, sum, output) of an online
+softmax. `jaxloops.blockwise` cuts the arrays into tiles and walks them, forward and backward.
+"""
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jax import lax
+
+from jaxloops.attention import masked_fill_value
+
+
+class Tiling(NamedTuple):
+    """Static facts of one blockwise call (hashable, so it can be a custom_vjp static)."""
+
+    T: int  # queries before padding
+    S: int  # keys before padding
+    Tq: int  # queries of one head in a tile: parallel_blocks * Tb
+    Sb: int  # keys in a block
+    is_causal: bool
+
+
+# A step of the walk handles tiles of several heads at once when one tile has fewer rows than
+# this: enough rows for a product worth splitting over the cores, and a score tile of
+# 4 MiB at Sb = 512 (float32), which stays in a CPU's last-level cache.
+ROWS_PER_STEP = 2048
+
+
+def heads_per_step(n_heads: int, rows: int, max_rows: int = ROWS_PER_STEP) -> int:
+    """How many tiles of one query chunk (one per head, of n_heads = B * K) walk together.
+
+    The largest divisor of n_heads that keeps (divisor * rows) <= max_rows; 1 if even one
+    tile is larger.
+    """
+    fits = [p for p in range(1, n_heads + 1) if n_heads % p == 0 and p * rows <= max_rows]
+    return max(fits, default=1)
+
+
+def online_softmax_step(carry, scores, value_block):
+    """Folds one key block into the running (max, sum, output) of an online softmax.
+
+    Args:
+      carry: running max (..., R), sum (..., R) and output (..., R, H) of R query rows,
+        float32; `...` is any leading axes (the tiles walking together).
+      scores: this block's scaled, masked logits (..., R, Sb), float32.
+      value_block: this block's values (..., Sb, H).
+
+    Returns:
+      The updated carry.
+    """
+    running_max, running_sum, out = carry
+    new_max = jnp.maximum(running_max, scores.max(axis=-1))  # (..., R)
+    # Everything summed so far was relative to the old max: rescale it to the new one.
+    correction = jnp.exp(running_max - new_max)  # (..., R)
+    weights = jnp.exp(scores - new_max[..., None])  # (..., R, Sb)
+    new_sum = running_sum * correction + weights.sum(axis=-1)  # (..., R)
+    mixed = jnp.einsum(
+        "...RS,...SH->...RH",
+        weights.astype(value_block.dtype),
+        value_block,
+        preferred_element_type=out.dtype,
+    )  # (..., R, H)
+    return new_max, new_sum, out * correction[..., None] + mixed
+
+
+def tile_scores(query_tile, key_block, q_start, k_start, tiling: Tiling, masked: bool = True):
+    """Masked float32 logits of query tiles against one key block.
+
+    Args:
+      query_tile: (..., R, H), R = G * Tq rows (query head g's query t in row g * Tq + t),
+        already multiplied by 1/sqrt(H) (once per tile, instead of once per score).
+      key_block: (..., Sb, H).
+      q_start, k_start: positions of the tiles' first query and the block's first key.
+      masked: False for a block every row sees whole (`unmasked_key_blocks`): no mask built.
+
+    Returns:
+      (..., R, Sb); padded keys and, if causal, keys after the query get the fill value.
+    """
+    rows = query_tile.shape[-2]  # R = G * Tq
+    scores = jnp.einsum(
+        "...RH,...SH->...RS", query_tile, key_block, preferred_element_type=jnp.float32
+    )  # (..., R, Sb)
+    if not masked:
+        return scores
+    k_pos = k_start + jnp.arange(tiling.Sb)  # (Sb,)
+    visible = None
+    if tiling.S % tiling.Sb:  # keys padded up to a whole block never count
+        visible = jnp.broadcast_to(k_pos < tiling.S, (rows, tiling.Sb))
+    if tiling.is_causal:
+        q_pos = q_start + jnp.arange(rows) % tiling.Tq  # (R,): each head's rows restart
+        causal = q_pos[:, None] >= k_pos[None, :]  # (R, Sb)
+        visible = causal if visible is None else visible & causal
+    if visible is None:
+        return scores
+    return jnp.where(visible, scores, masked_fill_value(jnp.float32))
+
+
+def visible_key_blocks(chunk, tiling: Tiling, n_key_blocks: int):
+    """How many key blocks, from the first, the query tile at position `chunk` must see.
+
+    Causal: the tile's last query sees keys up to its own position, and no block after.
+    """
+    if not tiling.is_causal:
+        return n_key_blocks
+    last_query = (chunk + 1) * tiling.Tq - 1
+    return jnp.minimum(last_query // tiling.Sb + 1, n_key_blocks)
+
+
+def unmasked_key_blocks(chunk, tiling: Tiling, n_key_blocks: int):
+    """How many key blocks, from the first, every row of tile `chunk` sees whole.
+
+    They need no mask: no padded key, and (causal) no key after the tile's first query.
+    The walk builds masks only for the blocks after them, up to `visible_key_blocks`.
+    """
+    whole = tiling.S // tiling.Sb  # blocks without padded keys
+    if not tiling.is_causal:
+        return whole
+    first_query = chunk * tiling.Tq
+    return jnp.minimum((first_query + 1) // tiling.Sb, whole)
+
+
+def walk_key_blocks(fold, chunk, tiling: Tiling, n_key_blocks: int, init):
+    """Folds the visible key blocks of tile `chunk` into `init`: the unmasked ones first.
+
+    fold(j, carry, masked) folds key block j; masked is a Python bool (two loop bodies).
+    """
+    n_unmasked = unmasked_key_blocks(chunk, tiling, n_key_blocks)
+    n_visible = visible_key_blocks(chunk, tiling, n_key_blocks)
+    carry = lax.fori_loop(0, n_unmasked, lambda j, c: fold(j, c, False), init)
+    return lax.fori_loop(n_unmasked, n_visible, lambda j, c: fold(j, c, True), carry)
