@@ -1,5 +1,9 @@
+import threading
+
 import jax
+import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import jaxloops
 from jaxloops import measure
@@ -27,8 +31,10 @@ def test_every_overlap_driver_trains_the_same_parameters(key):
     train_step, params, opt_state = _step(key)
     batches = random_batches(key, 7, 11, 5, 3)
     drivers = measure.overlap_drivers(train_step, params, opt_state, batches, 1e-4, k=3)
+    host_alone = drivers.pop("host work alone")
+    assert len(host_alone()) == 7  # the host work of each of the 7 batches, without a step
     results = {name: run() for name, run in drivers.items()}
-    assert len(results) == 4
+    assert len(results) == 5
     reference = results["scan, data on device"]
     for name, got in results.items():
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(reference)):
@@ -40,12 +46,38 @@ def test_predicted_step_seconds_follow_the_overlap_model():
     assert p["fetch every step"] == 8.0
     assert p["never fetch"] == 5.0
     assert p["fetch every 4 steps"] == 5.0 + 3.0 / 4
-    assert p["scan, data on device"] == 5.0
+    none = measure.predicted_step_seconds(host=3.0, device=5.0, k=4, overlap=0.0)
+    assert set(none.values()) == {8.0}  # no free core: every driver h + d
+    half = measure.predicted_step_seconds(host=3.0, device=5.0, k=4, overlap=0.5)
+    assert half["never fetch"] == 5.0 + 1.5 and half["fetch every 4 steps"] == 6.5 + 1.5 / 4
+    with pytest.raises(ValueError, match="overlap in \\[0, 1\\]"):
+        measure.predicted_step_seconds(host=3.0, device=5.0, k=4, overlap=1.5)
+
+
+def test_free_core_share_is_a_share_and_sees_a_core_taken_by_the_device():
+    share = measure.free_core_share(lambda: jnp.ones(3) + 1, tries=3)
+    assert 0.0 <= share <= 1.0
+
+    # "Device work" that is a Python thread holding the interpreter lock while it spins: the
+    # host's loop beside it gets about half a core, so the share must say so.
+    class Hog:
+        def __init__(self):
+            iterations = measure.spin_iterations(0.06)
+            self.thread = threading.Thread(target=measure.throughput._spin, args=(iterations,))
+            self.thread.start()
+
+        def block_until_ready(self):
+            self.thread.join()
+            return self
+
+    assert measure.free_core_share(Hog, tries=3) < 0.8
+    with pytest.raises(ValueError, match="tries must be >= 1, got 0"):
+        measure.free_core_share(Hog, tries=0)
 
 
 def test_host_pipeline_yields_every_batch_in_order():
     batches = [jaxloops.Batch(np.full((2, 3), i), np.full((2,), i)) for i in range(5)]
-    out = list(measure.host_pipeline(batches, 0.0))
+    out = list(measure.host_pipeline(batches, 10))
     assert [int(b.y[0]) for b in out] == [0, 1, 2, 3, 4]
 
 

@@ -18,7 +18,15 @@ from jaxloops.measure.profile import (
     overlap_seconds,
     trace_spans,
 )
-from jaxloops.measure.roofline import Roofline, measure_roofline, roofline
+from jaxloops.measure.roofline import (
+    CEILING_MARGIN,
+    Roofline,
+    ceiling_rates,
+    ceiling_runs,
+    measure_roofline,
+    raise_roofline,
+    roofline,
+)
 from jaxloops.measure.sweeps import (
     attention_sweep,
     blockwise_tile_parts,
@@ -36,11 +44,15 @@ from jaxloops.measure.sweeps import (
 )
 from jaxloops.measure.throughput import (
     fit_against_bare_epoch,
+    free_core_share,
     host_pipeline,
+    interleaved_with_free_core,
     overlap_drivers,
     predicted_step_seconds,
     random_batches,
     scan_throughput,
+    scan_throughputs,
+    spin_iterations,
 )
 from jaxloops.measure.timing import (
     CompileLog,
@@ -64,6 +76,9 @@ __all__ = (
     "blockwise_tile_parts",
     "busy_seconds",
     "causal_sweep",
+    "CEILING_MARGIN",
+    "ceiling_rates",
+    "ceiling_runs",
     "check",
     "compile_in_fresh_process",
     "compiled_costs",
@@ -77,11 +92,13 @@ __all__ = (
     "device_op_seconds",
     "draw_timeline",
     "fit_against_bare_epoch",
+    "free_core_share",
     "gpu_facts",
     "host_pipeline",
     "implementation_report",
     "interleaved_samples",
     "interleaved_seconds",
+    "interleaved_with_free_core",
     "loop_copies",
     "machine_facts",
     "markdown_table",
@@ -93,6 +110,7 @@ __all__ = (
     "overlap_seconds",
     "PageCheckWarning",
     "predicted_step_seconds",
+    "raise_roofline",
     "random_batches",
     "random_cache",
     "random_qkv",
@@ -102,7 +120,9 @@ __all__ = (
     "run_attention",
     "run_label",
     "scan_throughput",
+    "scan_throughputs",
     "Span",
+    "spin_iterations",
     "strict",
     "time_call",
     "time_dispatch",
