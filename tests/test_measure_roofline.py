@@ -60,9 +60,15 @@ def test_an_epoch_above_the_ceiling_is_measured_again_beside_it(key, monkeypatch
     monkeypatch.setattr(throughput, "roofline", lambda: _roof())
     monkeypatch.setattr(throughput, "raise_roofline", stuck_at(1.0))  # 1 FLOP/s: always beaten
     rows, roof = measure.scan_throughputs(epochs, rounds=2, tries=3)
-    assert raises == [2, 2, 2]  # measured three times, two matmul samples each time
+    # Three tries: 2 samples of the roofline's matmul, then 2 more of the epoch's own layer too.
+    assert raises == [2, 4, 4]
     assert rows["a"]["flops_per_s"] > roof.flops_per_s  # still above: the page's check fails
     raises.clear()
     monkeypatch.setattr(throughput, "raise_roofline", stuck_at(1e30))
     measure.scan_throughputs(epochs, rounds=2, tries=3)
     assert raises == [2]  # below the ceiling at once: measured once
+
+
+def test_the_last_level_cache_is_a_plausible_size_or_unknown():
+    size = measure.last_level_cache_bytes()
+    assert size is None or 2**16 <= size <= 2**32, size

@@ -1,4 +1,4 @@
-import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -46,33 +46,45 @@ def test_predicted_step_seconds_follow_the_overlap_model():
     assert p["fetch every step"] == 8.0
     assert p["never fetch"] == 5.0
     assert p["fetch every 4 steps"] == 5.0 + 3.0 / 4
-    none = measure.predicted_step_seconds(host=3.0, device=5.0, k=4, overlap=0.0)
-    assert set(none.values()) == {8.0}  # no free core: every driver h + d
-    half = measure.predicted_step_seconds(host=3.0, device=5.0, k=4, overlap=0.5)
-    assert half["never fetch"] == 5.0 + 1.5 and half["fetch every 4 steps"] == 6.5 + 1.5 / 4
-    with pytest.raises(ValueError, match="overlap in \\[0, 1\\]"):
-        measure.predicted_step_seconds(host=3.0, device=5.0, k=4, overlap=1.5)
+    # No free core: each runs at half speed beside the other, so overlapping gains nothing.
+    none = measure.predicted_step_seconds(
+        host=4.0, device=4.0, k=4, host_share=0.5, device_share=0.5
+    )
+    assert set(none.values()) == {8.0}
+    # The host slowed to half beside the device: 6 s side by side, then 2 s of host work alone.
+    slow = measure.predicted_step_seconds(host=5.0, device=3.0, k=2, host_share=0.5)
+    assert slow["never fetch"] == 3.0 / 1.0 + (5.0 - 0.5 * 3.0) and slow["fetch every step"] == 8.0
+    with pytest.raises(ValueError, match="shares in \\(0, 1\\]"):
+        measure.predicted_step_seconds(host=3.0, device=5.0, k=4, host_share=0.0)
 
 
-def test_free_core_share_is_a_share_and_sees_a_core_taken_by_the_device():
-    share = measure.free_core_share(lambda: jnp.ones(3) + 1, tries=3)
-    assert 0.0 <= share <= 1.0
+class _ReadyAt:
+    """Stands in for an array that a device finishes at a known time."""
 
-    # "Device work" that is a Python thread holding the interpreter lock while it spins: the
-    # host's loop beside it gets about half a core, so the share must say so.
-    class Hog:
-        def __init__(self):
-            iterations = measure.spin_iterations(0.06)
-            self.thread = threading.Thread(target=measure.throughput._spin, args=(iterations,))
-            self.thread.start()
+    def __init__(self, seconds):
+        self.at = time.perf_counter() + seconds
 
-        def block_until_ready(self):
-            self.thread.join()
-            return self
+    def is_ready(self):
+        return time.perf_counter() >= self.at
 
-    assert measure.free_core_share(Hog, tries=3) < 0.8
+    def block_until_ready(self):
+        time.sleep(max(0.0, self.at - time.perf_counter()))
+        return self
+
+
+def test_the_loop_beside_the_device_sees_when_the_work_is_ready():
+    long, short = measure.spin_iterations(0.1), measure.spin_iterations(0.005)
+    spun, ready = measure.throughput._spin_beside(_ReadyAt(0.02), long)
+    assert 0.02 <= ready < spun, (spun, ready)  # seen at the first check after it was ready
+    spun, ready = measure.throughput._spin_beside(_ReadyAt(0.5), short)
+    assert ready == spun < 0.5  # not ready when the loop ended: the loop's time, at most
+
+
+def test_core_shares_are_shares():
+    host, device = measure.core_shares(lambda: {"a": jnp.ones(3) + 1, "b": jnp.zeros(2)}, tries=3)
+    assert 0.0 <= host <= 1.0 and 0.0 <= device <= 1.0
     with pytest.raises(ValueError, match="tries must be >= 1, got 0"):
-        measure.free_core_share(Hog, tries=0)
+        measure.core_shares(lambda: jnp.ones(3), tries=0)
 
 
 def test_host_pipeline_yields_every_batch_in_order():
@@ -91,3 +103,17 @@ def test_fit_against_bare_epoch_counts_the_steps_of_both(digits, key):
     assert out["steps"] == 2 * (digits.train.x.shape[0] // 300)
     assert out["fit"] > 0 and out["bare epoch"] > 0
     assert not params["dense_0"]["w"].is_deleted()  # copies were donated, not the caller's
+
+
+def test_paired_ratio_divides_out_a_slow_round():
+    samples = {"a": [2.0, 20.0, 2.2], "b": [1.0, 10.0, 2.0]}  # round 2: the machine was slow
+    assert measure.paired_ratio(samples, "a", "b") == 2.0  # per round 2, 2 and 1.1
+    assert measure.paired_ratio(samples, "b", "a") == 0.5
+    with pytest.raises(ValueError, match="same number of samples"):
+        measure.paired_ratio({"a": [1.0], "b": []}, "a", "b")
+
+
+def test_interleaved_with_core_shares_times_every_run_each_round():
+    runs = {"a": lambda: jnp.ones(3), "b": lambda: jnp.zeros(3)}
+    samples, shares = measure.interleaved_with_core_shares(runs, lambda: jnp.ones(3) * 2, rounds=3)
+    assert [len(v) for v in samples.values()] == [3, 3] and all(0.0 <= x <= 1.0 for x in shares)

@@ -127,6 +127,21 @@ def measure_roofline(key: jax.Array, *, matmul_size: int, read_bytes: int, sampl
     )
 
 
+def last_level_cache_bytes() -> int | None:
+    """Bytes of the processor's largest cache (Linux sysfs), or None where it is not known.
+
+    The read ceiling streams an array larger than this; data that fits in it is read faster,
+    so a memory-bound prediction is a floor only for working sets well above it."""
+    sizes = []
+    for path in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip().upper()
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes) if sizes else None
+
+
 _IN_MEMORY: dict[str, Roofline] = {}
 
 

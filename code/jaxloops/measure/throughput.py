@@ -14,7 +14,6 @@ from jaxloops.measure.profile import HOST_WORK
 from jaxloops.measure.roofline import (
     CEILING_MARGIN,
     MATMUL,
-    ceiling_rates,
     ceiling_runs,
     raise_roofline,
     roofline,
@@ -61,14 +60,26 @@ def scan_throughput(
     return _throughput_row(batches, flops_per_step, seconds)
 
 
+def _layer_matmul(params, batch_size: int, copies: int = 8):
+    """The offending epoch's own kind of work as a ceiling sample: its largest layer's
+    (B, F_in) @ (F_in, F_out) float32 matmul, `copies` of it in one call (a sample must be
+    long). Returns (`() -> result`, FLOPs of one call)."""
+    w = max((leaf for leaf in jax.tree.leaves(params) if leaf.ndim == 2), key=lambda a: a.size)
+    x = jnp.ones((copies, batch_size, w.shape[0]), jnp.float32)  # (copies, B, F_in)
+    matmul = jax.jit(lambda x, w: jnp.matmul(x, w, precision=jax.lax.Precision.HIGHEST))
+    return (lambda: matmul(x, w)), 2.0 * copies * batch_size * w.shape[0] * w.shape[1]
+
+
 def scan_throughputs(epochs: dict, *, rounds: int, tries: int = 3):
     """Each scanned epoch's throughput, judged against a matmul ceiling sampled beside it.
 
     Every round times each epoch once and the roofline's matmul once, in turn; a rate is
     the median of its epoch's samples, and the matmul samples raise the build's roofline.
     An epoch whose rate still beats the ceiling (by more than CEILING_MARGIN) is measured
-    again with the matmul, up to `tries` times in all: a rate above the ceiling means the
-    ceiling was sampled at a bad moment.
+    again, up to `tries` times in all, beside the roofline's matmul and a matmul of its own
+    kind (its largest layer at its batch size), whose samples raise the ceiling too: a rate
+    above the ceiling means the ceiling was sampled at a bad moment, or with a matmul less
+    suited to the machine than the program's own.
 
     Args:
       epochs: {label: (train_step, params, opt_state, batches)}, batches (steps, B, ...).
@@ -78,19 +89,27 @@ def scan_throughputs(epochs: dict, *, rounds: int, tries: int = 3):
     if rounds < 1 or tries < 1:
         raise ValueError(f"need rounds >= 1 and tries >= 1, got {rounds}, {tries}")
     roof = roofline()
-    matmul = ceiling_runs(jax.random.key(1), matmul_size=roof.matmul_size)[MATMUL]
+    ceilings = {MATMUL: (ceiling_runs(jax.random.key(1), matmul_size=roof.matmul_size)[MATMUL],
+                         2.0 * roof.matmul_size**3)}  # fmt: skip
     runs, flops, rows = {}, {}, {}
     for label, (step, params, opt_state, batches) in epochs.items():
         compiled, flops[label] = _compiled_epoch(step, params, opt_state, batches)
         runs[label] = lambda c=compiled, a=(params, opt_state, batches): c(*a)
     for _ in range(tries):
-        samples = interleaved_samples({**runs, MATMUL: matmul}, rounds)
-        roof = raise_roofline(ceiling_rates(samples, roof.matmul_size)["flops"])
+        samples = interleaved_samples(
+            {**runs, **{n: run for n, (run, _) in ceilings.items()}}, rounds
+        )
+        rates = [f / s for n, (_, f) in ceilings.items() for s in samples[n]]
+        roof = raise_roofline(flops_samples=rates)
         for label in runs:
             seconds = statistics.median(samples[label])
             rows[label] = _throughput_row(epochs[label][3], flops[label], seconds)
         limit = (1 + CEILING_MARGIN) * roof.flops_per_s
         runs = {label: run for label, run in runs.items() if rows[label]["flops_per_s"] > limit}
+        for label in runs:  # the offending epoch's own kind of work joins the ceiling's samples
+            ceilings[f"ceiling: {label}"] = _layer_matmul(
+                epochs[label][1], rows[label]["batch_size"]
+            )
         if not runs:
             break
     return rows, roof
@@ -104,44 +123,69 @@ def _spin(n: int) -> float:
     return time.perf_counter() - start
 
 
-def free_core_share(device_work: Callable[[], Any], *, tries: int = 5) -> float:
-    """How much of a core the host gets while the device works, now: 0 (none) to 1 (all).
+def _spin_beside(out, n: int) -> tuple[float, float]:
+    """Runs `_spin(n)` in chunks while `out` computes: (seconds of the loop, seconds until
+    `out` was ready, or until the loop ended if it was not ready yet)."""
+    start, ready = time.perf_counter(), None
+    for _ in range(max(1, n // 1000)):
+        _spin(1000)
+        if ready is None and all(leaf.is_ready() for leaf in jax.tree.leaves(out)):
+            ready = time.perf_counter() - start
+    spun = time.perf_counter() - start
+    jax.block_until_ready(out)
+    return spun, spun if ready is None else ready
 
-    A fixed CPU-bound Python loop is timed alone, then while `device_work()` (dispatched, not
-    awaited) runs, `tries` times in turn; the share is the median time alone over the median
-    time beside the device, at most 1. The loop is sized to a third of the device work, so
-    that it ends before the work does.
+
+def core_shares(device_work: Callable[[], Any], *, tries: int = 5) -> tuple[float, float]:
+    """How fast host work and device work run beside each other, now: (host share, device
+    share), each 0 (stopped) to 1 (as fast as alone).
+
+    A fixed CPU-bound Python loop is timed alone and while `device_work()` (arrays, dispatched,
+    not awaited) runs; the device work is timed alone and while a longer loop
+    runs; `tries` times in turn. Each share is the median time alone over the median time
+    beside the other, at most 1. On a GPU the device share stays near 1; on a CPU backend,
+    whose "device" is the processor, both drop when there is no free core.
     """
     if tries < 1:
         raise ValueError(f"tries must be >= 1, got {tries}")
     start = time.perf_counter()
     jax.block_until_ready(device_work())
     work_s = time.perf_counter() - start
-    n = spin_iterations(work_s / 3)
-    alone, beside = [], []
+    short, long = spin_iterations(work_s / 3), spin_iterations(3 * work_s)
+    times = {"host alone": [], "host beside": [], "device alone": [], "device beside": []}
     for _ in range(tries):
-        alone.append(_spin(n))
-        out = device_work()
-        beside.append(_spin(n))
-        jax.block_until_ready(out)
-    return min(statistics.median(alone) / statistics.median(beside), 1.0)
+        times["host alone"].append(_spin(short))
+        times["host beside"].append(_spin_beside(device_work(), short)[0])
+        start = time.perf_counter()
+        jax.block_until_ready(device_work())
+        times["device alone"].append(time.perf_counter() - start)
+        times["device beside"].append(_spin_beside(device_work(), long)[1])
+    median = {name: statistics.median(seconds) for name, seconds in times.items()}
+    return tuple(min(median[f"{w} alone"] / median[f"{w} beside"], 1.0) for w in ("host", "device"))
 
 
-def interleaved_with_free_core(
+def interleaved_with_core_shares(
     runs: dict, device_work: Callable[[], Any], rounds: int
-) -> tuple[dict[str, float], float]:
-    """Median seconds of each run over `rounds` rounds taken in turn (`interleaved_seconds`),
-    and the mean `free_core_share(device_work)` measured before each round: what the
-    machine offered while the runs were timed."""
+) -> tuple[dict[str, list[float]], tuple[float, float]]:
+    """Every timed call of each run over `rounds` rounds taken in turn (`interleaved_samples`,
+    in round order), and the mean `core_shares(device_work)` measured before each round:
+    what the machine offered while the runs were timed."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
-    samples, free = {name: [] for name in runs}, []
+    samples, shares = {name: [] for name in runs}, []
     for i in range(rounds):
-        free.append(free_core_share(device_work))
+        shares.append(core_shares(device_work, tries=3))
         for name, seconds in interleaved_samples(runs, 1, warmup_each=0, compile=i == 0).items():
             samples[name] += seconds
-    medians = {name: statistics.median(seconds) for name, seconds in samples.items()}
-    return medians, statistics.fmean(free)
+    return samples, tuple(statistics.fmean(column) for column in zip(*shares))
+
+
+def paired_ratio(samples: dict[str, list[float]], a: str, b: str) -> float:
+    """Median over rounds of run a's time over run b's in the same round: a slow moment of a
+    shared machine, which lasts longer than a round, divides out."""
+    if len(samples[a]) != len(samples[b]) or not samples[a]:
+        raise ValueError(f"{a!r} and {b!r} need the same number of samples, at least one")
+    return statistics.median(x / y for x, y in zip(samples[a], samples[b]))
 
 
 def spin_iterations(seconds: float) -> int:
@@ -193,21 +237,27 @@ def overlap_drivers(train_step, params, opt_state, batches: Batch, host_seconds:
     }
 
 
-def predicted_step_seconds(host: float, device: float, k: int, overlap: float = 1.0):
-    """Seconds per step each fed driver should take, for host work h and device work d,
-    when a share `overlap` of the shorter of the two can run beside the other.
+def predicted_step_seconds(
+    host: float, device: float, k: int, host_share: float = 1.0, device_share: float = 1.0
+) -> dict[str, float]:
+    """Seconds per step each fed driver should take, for host work h and device work d (each
+    timed alone) that run at `host_share` and `device_share` of that speed beside each other.
 
     Fetching every step serialises them: h + d. Otherwise the host prepares step t+1 while
-    the device runs step t, as far as a free core allows: max(h, d) + (1 - overlap) min(h, d);
-    a fetch every k steps drains the queue once per k steps, adding overlap * min(h, d) / k.
-    With overlap = 0 (no free core) every driver takes h + d.
+    the device runs step t: both run side by side until the first is done, the rest of the
+    other alone; with shares of 1 that is max(h, d), with no free core (shares that add up
+    to 1) no faster than h + d. A fetch every k steps loses that gain once per k steps.
     """
-    if not 0.0 <= overlap <= 1.0 or k < 1:
-        raise ValueError(f"need overlap in [0, 1] and k >= 1, got {overlap}, {k}")
-    shorter, never = min(host, device), max(host, device) + (1 - overlap) * min(host, device)
+    if not (0.0 < host_share <= 1.0 and 0.0 < device_share <= 1.0) or k < 1:
+        raise ValueError(f"need shares in (0, 1] and k >= 1, got {host_share}, {device_share}, {k}")
+    side_by_side = min(host / host_share, device / device_share)
+    host_left = host - host_share * side_by_side
+    device_left = device - device_share * side_by_side
+    never = side_by_side + host_left + device_left  # at most one of the two is left
+    every = host + device
     return {
-        "fetch every step": host + device,
-        f"fetch every {k} steps": never + overlap * shorter / k,
+        "fetch every step": every,
+        f"fetch every {k} steps": never + (every - never) / k,
         "never fetch": never,
     }
 
