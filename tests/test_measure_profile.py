@@ -1,3 +1,7 @@
+import json
+import pathlib
+import subprocess
+import sys
 import time
 
 import jax
@@ -81,3 +85,39 @@ def test_trace_spans_keeps_the_shortest_of_its_tries():
     assert 0.005 <= measure.busy_seconds(spans, HOST_WORK) < 0.015
     with pytest.raises(ValueError, match="tries must be >= 1, got 0"):
         measure.trace_spans(run, tries=0)
+
+
+_TRACE_IN_A_CHILD = """
+import json, time, jax, jax.numpy as jnp
+from jaxloops import measure
+from jaxloops.measure import profile
+step = jax.jit(lambda a: a + 1)
+x = step(jnp.ones(3))
+def run():
+    with jax.profiler.TraceAnnotation(profile.HOST_WORK):
+        time.sleep(0.001)
+    return float(step(x)[0])
+names = []
+original = profile.spans_of
+def spans_of(data):
+    names.extend(line.name for plane in data.planes for line in plane.lines
+                 if profile._is_python_line(line))
+    return original(data)
+profile.spans_of = spans_of
+spans = measure.trace_spans(run)
+print(json.dumps({"python_lines": names, "rows": sorted({s.row for s in spans})}))
+"""
+
+
+def test_the_host_thread_is_found_when_the_interpreter_is_called_python3():
+    # A reader's kernel, or the GPU machine, runs `python3`: the trace names the thread so.
+    python3 = pathlib.Path(sys.executable).with_name("python3")
+    if not python3.exists():
+        pytest.skip(f"no {python3} beside this interpreter")
+    done = subprocess.run(
+        [str(python3), "-c", _TRACE_IN_A_CHILD], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["python_lines"] and "python" not in found["python_lines"], found
+    assert {HOST_WORK, "dispatch", "wait"} <= set(found["rows"]), found

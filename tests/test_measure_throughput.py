@@ -1,5 +1,9 @@
+import time
+
 import jax
+import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import jaxloops
 from jaxloops import measure
@@ -27,8 +31,10 @@ def test_every_overlap_driver_trains_the_same_parameters(key):
     train_step, params, opt_state = _step(key)
     batches = random_batches(key, 7, 11, 5, 3)
     drivers = measure.overlap_drivers(train_step, params, opt_state, batches, 1e-4, k=3)
+    host_alone = drivers.pop("host work alone")
+    assert len(host_alone()) == 7  # the host work of each of the 7 batches, without a step
     results = {name: run() for name, run in drivers.items()}
-    assert len(results) == 4
+    assert len(results) == 5
     reference = results["scan, data on device"]
     for name, got in results.items():
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(reference)):
@@ -40,12 +46,50 @@ def test_predicted_step_seconds_follow_the_overlap_model():
     assert p["fetch every step"] == 8.0
     assert p["never fetch"] == 5.0
     assert p["fetch every 4 steps"] == 5.0 + 3.0 / 4
-    assert p["scan, data on device"] == 5.0
+    # No free core: each runs at half speed beside the other, so overlapping gains nothing.
+    none = measure.predicted_step_seconds(
+        host=4.0, device=4.0, k=4, host_share=0.5, device_share=0.5
+    )
+    assert set(none.values()) == {8.0}
+    # The host slowed to half beside the device: 6 s side by side, then 2 s of host work alone.
+    slow = measure.predicted_step_seconds(host=5.0, device=3.0, k=2, host_share=0.5)
+    assert slow["never fetch"] == 3.0 / 1.0 + (5.0 - 0.5 * 3.0) and slow["fetch every step"] == 8.0
+    with pytest.raises(ValueError, match="shares in \\(0, 1\\]"):
+        measure.predicted_step_seconds(host=3.0, device=5.0, k=4, host_share=0.0)
+
+
+class _ReadyAt:
+    """Stands in for an array that a device finishes at a known time."""
+
+    def __init__(self, seconds):
+        self.at = time.perf_counter() + seconds
+
+    def is_ready(self):
+        return time.perf_counter() >= self.at
+
+    def block_until_ready(self):
+        time.sleep(max(0.0, self.at - time.perf_counter()))
+        return self
+
+
+def test_the_loop_beside_the_device_sees_when_the_work_is_ready():
+    long, short = measure.spin_iterations(0.1), measure.spin_iterations(0.005)
+    spun, ready = measure.throughput._spin_beside(_ReadyAt(0.02), long)
+    assert 0.02 <= ready < spun, (spun, ready)  # seen at the first check after it was ready
+    spun, ready = measure.throughput._spin_beside(_ReadyAt(0.5), short)
+    assert ready == spun < 0.5  # not ready when the loop ended: the loop's time, at most
+
+
+def test_core_shares_are_shares():
+    host, device = measure.core_shares(lambda: {"a": jnp.ones(3) + 1, "b": jnp.zeros(2)}, tries=3)
+    assert 0.0 <= host <= 1.0 and 0.0 <= device <= 1.0
+    with pytest.raises(ValueError, match="tries must be >= 1, got 0"):
+        measure.core_shares(lambda: jnp.ones(3), tries=0)
 
 
 def test_host_pipeline_yields_every_batch_in_order():
     batches = [jaxloops.Batch(np.full((2, 3), i), np.full((2,), i)) for i in range(5)]
-    out = list(measure.host_pipeline(batches, 0.0))
+    out = list(measure.host_pipeline(batches, 10))
     assert [int(b.y[0]) for b in out] == [0, 1, 2, 3, 4]
 
 
@@ -59,3 +103,17 @@ def test_fit_against_bare_epoch_counts_the_steps_of_both(digits, key):
     assert out["steps"] == 2 * (digits.train.x.shape[0] // 300)
     assert out["fit"] > 0 and out["bare epoch"] > 0
     assert not params["dense_0"]["w"].is_deleted()  # copies were donated, not the caller's
+
+
+def test_paired_ratio_divides_out_a_slow_round():
+    samples = {"a": [2.0, 20.0, 2.2], "b": [1.0, 10.0, 2.0]}  # round 2: the machine was slow
+    assert measure.paired_ratio(samples, "a", "b") == 2.0  # per round 2, 2 and 1.1
+    assert measure.paired_ratio(samples, "b", "a") == 0.5
+    with pytest.raises(ValueError, match="same number of samples"):
+        measure.paired_ratio({"a": [1.0], "b": []}, "a", "b")
+
+
+def test_interleaved_with_core_shares_times_every_run_each_round():
+    runs = {"a": lambda: jnp.ones(3), "b": lambda: jnp.zeros(3)}
+    samples, shares = measure.interleaved_with_core_shares(runs, lambda: jnp.ones(3) * 2, rounds=3)
+    assert [len(v) for v in samples.values()] == [3, 3] and all(0.0 <= x <= 1.0 for x in shares)

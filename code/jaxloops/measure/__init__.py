@@ -27,7 +27,16 @@ from jaxloops.measure.profile import (
     overlap_seconds,
     trace_spans,
 )
-from jaxloops.measure.roofline import Roofline, measure_roofline, roofline
+from jaxloops.measure.roofline import (
+    CEILING_MARGIN,
+    Roofline,
+    ceiling_rates,
+    ceiling_runs,
+    last_level_cache_bytes,
+    measure_roofline,
+    raise_roofline,
+    roofline,
+)
 from jaxloops.measure.sweeps import (
     attention_sweep,
     blockwise_tile_parts,
@@ -43,12 +52,17 @@ from jaxloops.measure.sweeps import (
     softmax_without_exp,
 )
 from jaxloops.measure.throughput import (
+    core_shares,
     fit_against_bare_epoch,
     host_pipeline,
+    interleaved_with_core_shares,
     overlap_drivers,
+    paired_ratio,
     predicted_step_seconds,
     random_batches,
     scan_throughput,
+    scan_throughputs,
+    spin_iterations,
 )
 from jaxloops.measure.timing import (
     CompileLog,
@@ -69,6 +83,9 @@ __all__ = (
     "blockwise_tile_parts",
     "busy_seconds",
     "causal_sweep",
+    "CEILING_MARGIN",
+    "ceiling_rates",
+    "ceiling_runs",
     "check",
     "collectives",
     "compile_in_fresh_process",
@@ -76,6 +93,7 @@ __all__ = (
     "compiled_flops",
     "compiled_fusions",
     "CompileLog",
+    "core_shares",
     "count_compiles",
     "decode_layout_control",
     "decode_sweep",
@@ -88,6 +106,8 @@ __all__ = (
     "implementation_report",
     "interleaved_samples",
     "interleaved_seconds",
+    "interleaved_with_core_shares",
+    "last_level_cache_bytes",
     "loop_copies",
     "machine_facts",
     "markdown_table",
@@ -97,7 +117,9 @@ __all__ = (
     "overlap_drivers",
     "overlap_seconds",
     "PageCheckWarning",
+    "paired_ratio",
     "predicted_step_seconds",
+    "raise_roofline",
     "random_batches",
     "random_cache",
     "random_qkv",
@@ -107,8 +129,10 @@ __all__ = (
     "run_attention",
     "run_label",
     "scan_throughput",
+    "scan_throughputs",
     "softmax_without_exp",
     "Span",
+    "spin_iterations",
     "strict",
     "time_call",
     "time_dispatch",

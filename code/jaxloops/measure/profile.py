@@ -5,8 +5,8 @@ reads it as planes (a host, each device) of lines (threads, streams) of timed ev
 `trace_spans` keeps four rows a training loop is made of:
 
 - "host work": events named `HOST_WORK` (a `jax.profiler.TraceAnnotation` the caller opens);
-- "dispatch": the Python thread calling a jitted function (`PjitFunction(...)`), which
-  returns once the work is queued;
+- "dispatch": the Python thread (whatever the interpreter is called) calling a jitted
+  function (`PjitFunction(...)`), which returns once the work is queued;
 - "wait": the Python thread blocked on a result (`np.asarray(jax.Array)`: `float(loss)`);
 - "device": compiled code executing. On a CPU backend these are the XLA CPU client's worker
   threads and its intra-op thread pool (the "device" is other threads of the same
@@ -35,10 +35,20 @@ class Span:
     end: float
 
 
-def _row(plane_name: str, line_name: str, event_name: str) -> str | None:
+# The events only the Python thread records. The trace names that thread after the
+# executable ("python", "python3", "python3.12", a kernel's own name), so it is recognised
+# by what it recorded, not by its name.
+_PYTHON_EVENTS = (HOST_WORK, "np.asarray(jax.Array)")
+
+
+def _is_python_line(line) -> bool:
+    return any(e.name in _PYTHON_EVENTS or e.name.startswith("PjitFunction(") for e in line.events)
+
+
+def _row(plane_name: str, line_name: str, event_name: str, python_line: bool) -> str | None:
     if plane_name.startswith("/device:"):  # GPU/TPU: one event per executed program
         return "device" if line_name == "XLA Modules" else None
-    if line_name == "python":
+    if python_line:
         if event_name == HOST_WORK:
             return HOST_WORK
         if event_name.startswith("PjitFunction("):
@@ -58,8 +68,9 @@ def spans_of(profile) -> list[Span]:
     raw = []
     for plane in profile.planes:
         for line in plane.lines:
+            python_line = not plane.name.startswith("/device:") and _is_python_line(line)
             for event in line.events:
-                row = _row(plane.name, line.name, event.name)
+                row = _row(plane.name, line.name, event.name, python_line)
                 if row is not None:
                     raw.append((row, event.name, event.start_ns, event.end_ns))
     if not raw:

@@ -1,6 +1,9 @@
 """Measuring training loops: ways to drive the same step, host/device overlap, steps/s."""
 
+import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +12,14 @@ from jaxloops.data import Batch, epoch_batches
 from jaxloops.loop import fit, make_epoch, python_loop, unstack
 from jaxloops.measure.compiled import costs_of
 from jaxloops.measure.profile import HOST_WORK
-from jaxloops.measure.timing import interleaved_seconds, time_call
+from jaxloops.measure.roofline import (
+    CEILING_MARGIN,
+    MATMUL,
+    ceiling_runs,
+    raise_roofline,
+    roofline,
+)
+from jaxloops.measure.timing import interleaved_samples, interleaved_seconds, time_call
 
 
 def random_batches(
@@ -22,18 +32,15 @@ def random_batches(
     return Batch(x, y)
 
 
-def scan_throughput(
-    train_step, params, opt_state, batches: Batch, repeats: int
-) -> dict[str, float]:
-    """Steps/s and FLOP/s of the scanned epoch, compiled once.
-
-    FLOPs per step come from XLA's cost analysis of the compiled epoch, which counts a loop
-    body once: the epoch's count is one step's (a test checks it against the step's own).
-    """
-    steps, batch_size = batches.x.shape[:2]
+def _compiled_epoch(train_step, params, opt_state, batches: Batch):
+    """The scanned epoch, compiled, and its FLOPs per step from XLA's cost analysis (which
+    counts a loop body once: the epoch's count is one step's, a test checks it)."""
     compiled = jax.jit(make_epoch(train_step)).lower(params, opt_state, batches).compile()
-    flops_per_step = costs_of(compiled)["flops"]
-    seconds = time_call(compiled, params, opt_state, batches, repeats=repeats)
+    return compiled, costs_of(compiled)["flops"]
+
+
+def _throughput_row(batches: Batch, flops_per_step: float, seconds: float) -> dict[str, float]:
+    steps, batch_size = batches.x.shape[:2]
     return {
         "batch_size": int(batch_size),
         "steps_per_s": steps / seconds,
@@ -43,49 +50,214 @@ def scan_throughput(
     }
 
 
-def host_pipeline(batches, host_seconds: float):
-    """Yields each batch after `host_seconds` of host work, as an input pipeline that reads
-    and decodes files would. A sleep stands in for that work: unlike real decoding, it
-    leaves the processor free, so it overlaps with a CPU backend as it would with a GPU."""
+def scan_throughput(
+    train_step, params, opt_state, batches: Batch, repeats: int
+) -> dict[str, float]:
+    """Steps/s and FLOP/s of the scanned epoch, compiled once (median of `repeats` calls)."""
+    compiled, flops_per_step = _compiled_epoch(train_step, params, opt_state, batches)
+    seconds = time_call(compiled, params, opt_state, batches, repeats=repeats)
+    return _throughput_row(batches, flops_per_step, seconds)
+
+
+def _layer_matmul(params, batch_size: int, copies: int = 8):
+    """The offending epoch's own kind of work as a ceiling sample: its largest layer's
+    (B, F_in) @ (F_in, F_out) float32 matmul, `copies` of it in one call (a sample must be
+    long). Returns (`() -> result`, FLOPs of one call)."""
+    w = max((leaf for leaf in jax.tree.leaves(params) if leaf.ndim == 2), key=lambda a: a.size)
+    x = jnp.ones((copies, batch_size, w.shape[0]), jnp.float32)  # (copies, B, F_in)
+    matmul = jax.jit(lambda x, w: jnp.matmul(x, w, precision=jax.lax.Precision.HIGHEST))
+    return (lambda: matmul(x, w)), 2.0 * copies * batch_size * w.shape[0] * w.shape[1]
+
+
+def scan_throughputs(epochs: dict, *, rounds: int, tries: int = 3):
+    """Each scanned epoch's throughput, judged against a matmul ceiling sampled beside it.
+
+    Every round times each epoch once and the roofline's matmul once, in turn; a rate is
+    the median of its epoch's samples, and the matmul samples raise the build's roofline.
+    An epoch whose rate still beats the ceiling (by more than CEILING_MARGIN) is measured
+    again, up to `tries` times in all, beside the roofline's matmul and a matmul of its own
+    kind (its largest layer at its batch size), whose samples raise the ceiling too: a rate
+    above the ceiling means the ceiling was sampled at a bad moment, or with a matmul less
+    suited to the machine than the program's own.
+
+    Args:
+      epochs: {label: (train_step, params, opt_state, batches)}, batches (steps, B, ...).
+    Returns:
+      ({label: row of `scan_throughput`'s keys}, the raised Roofline).
+    """
+    if rounds < 1 or tries < 1:
+        raise ValueError(f"need rounds >= 1 and tries >= 1, got {rounds}, {tries}")
+    roof = roofline()
+    ceilings = {MATMUL: (ceiling_runs(jax.random.key(1), matmul_size=roof.matmul_size)[MATMUL],
+                         2.0 * roof.matmul_size**3)}  # fmt: skip
+    runs, flops, rows = {}, {}, {}
+    for label, (step, params, opt_state, batches) in epochs.items():
+        compiled, flops[label] = _compiled_epoch(step, params, opt_state, batches)
+        runs[label] = lambda c=compiled, a=(params, opt_state, batches): c(*a)
+    for _ in range(tries):
+        samples = interleaved_samples(
+            {**runs, **{n: run for n, (run, _) in ceilings.items()}}, rounds
+        )
+        rates = [f / s for n, (_, f) in ceilings.items() for s in samples[n]]
+        roof = raise_roofline(flops_samples=rates)
+        for label in runs:
+            seconds = statistics.median(samples[label])
+            rows[label] = _throughput_row(epochs[label][3], flops[label], seconds)
+        limit = (1 + CEILING_MARGIN) * roof.flops_per_s
+        runs = {label: run for label, run in runs.items() if rows[label]["flops_per_s"] > limit}
+        for label in runs:  # the offending epoch's own kind of work joins the ceiling's samples
+            ceilings[f"ceiling: {label}"] = _layer_matmul(
+                epochs[label][1], rows[label]["batch_size"]
+            )
+        if not runs:
+            break
+    return rows, roof
+
+
+def _spin(n: int) -> float:
+    """Seconds a fixed CPU-bound Python loop of n additions takes: host work that needs a core."""
+    start, total = time.perf_counter(), 0
+    for i in range(n):
+        total += i
+    return time.perf_counter() - start
+
+
+def _spin_beside(out, n: int) -> tuple[float, float]:
+    """Runs `_spin(n)` in chunks while `out` computes: (seconds of the loop, seconds until
+    `out` was ready, or until the loop ended if it was not ready yet)."""
+    start, ready = time.perf_counter(), None
+    for _ in range(max(1, n // 1000)):
+        _spin(1000)
+        if ready is None and all(leaf.is_ready() for leaf in jax.tree.leaves(out)):
+            ready = time.perf_counter() - start
+    spun = time.perf_counter() - start
+    jax.block_until_ready(out)
+    return spun, spun if ready is None else ready
+
+
+def core_shares(device_work: Callable[[], Any], *, tries: int = 5) -> tuple[float, float]:
+    """How fast host work and device work run beside each other, now: (host share, device
+    share), each 0 (stopped) to 1 (as fast as alone).
+
+    A fixed CPU-bound Python loop is timed alone and while `device_work()` (arrays, dispatched,
+    not awaited) runs; the device work is timed alone and while a longer loop
+    runs; `tries` times in turn. Each share is the median time alone over the median time
+    beside the other, at most 1. On a GPU the device share stays near 1; on a CPU backend,
+    whose "device" is the processor, both drop when there is no free core.
+    """
+    if tries < 1:
+        raise ValueError(f"tries must be >= 1, got {tries}")
+    start = time.perf_counter()
+    jax.block_until_ready(device_work())
+    work_s = time.perf_counter() - start
+    short, long = spin_iterations(work_s / 3), spin_iterations(3 * work_s)
+    times = {"host alone": [], "host beside": [], "device alone": [], "device beside": []}
+    for _ in range(tries):
+        times["host alone"].append(_spin(short))
+        times["host beside"].append(_spin_beside(device_work(), short)[0])
+        start = time.perf_counter()
+        jax.block_until_ready(device_work())
+        times["device alone"].append(time.perf_counter() - start)
+        times["device beside"].append(_spin_beside(device_work(), long)[1])
+    median = {name: statistics.median(seconds) for name, seconds in times.items()}
+    return tuple(min(median[f"{w} alone"] / median[f"{w} beside"], 1.0) for w in ("host", "device"))
+
+
+def interleaved_with_core_shares(
+    runs: dict, device_work: Callable[[], Any], rounds: int
+) -> tuple[dict[str, list[float]], tuple[float, float]]:
+    """Every timed call of each run over `rounds` rounds taken in turn (`interleaved_samples`,
+    in round order), and the mean `core_shares(device_work)` measured before each round:
+    what the machine offered while the runs were timed."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    samples, shares = {name: [] for name in runs}, []
+    for i in range(rounds):
+        shares.append(core_shares(device_work, tries=3))
+        for name, seconds in interleaved_samples(runs, 1, warmup_each=0, compile=i == 0).items():
+            samples[name] += seconds
+    return samples, tuple(statistics.fmean(column) for column in zip(*shares))
+
+
+def paired_ratio(samples: dict[str, list[float]], a: str, b: str) -> float:
+    """Median over rounds of run a's time over run b's in the same round: a slow moment of a
+    shared machine, which lasts longer than a round, divides out."""
+    if len(samples[a]) != len(samples[b]) or not samples[a]:
+        raise ValueError(f"{a!r} and {b!r} need the same number of samples, at least one")
+    return statistics.median(x / y for x, y in zip(samples[a], samples[b]))
+
+
+def spin_iterations(seconds: float) -> int:
+    """Iterations of `_spin` that take `seconds` on this machine now (best of three timings)."""
+    if seconds <= 0:
+        raise ValueError(f"seconds must be > 0, got {seconds}")
+    per_iteration = min(_spin(100_000) for _ in range(3)) / 100_000
+    return max(1, round(seconds / per_iteration))
+
+
+def host_pipeline(batches, iterations: int):
+    """Yields each batch after a fixed amount of host work, as an input pipeline that reads
+    and decodes files would: `iterations` of a CPU-bound Python loop (`spin_iterations`
+    sizes it). Like real decoding it needs a core, so it overlaps with the device only as
+    far as the machine has one free."""
     for batch in batches:
         with jax.profiler.TraceAnnotation(HOST_WORK):
-            time.sleep(host_seconds)
+            _spin(iterations)
         yield batch
 
 
 def overlap_drivers(train_step, params, opt_state, batches: Batch, host_seconds: float, k: int):
-    """The drivers of the overlap experiment, each `() -> final params`.
+    """The drivers of the overlap experiment, each `() -> final params`, and the host work
+    of the pipeline alone.
 
-    Three feed the jitted step from `host_pipeline` and fetch the loss every step, every
-    k steps, or never; the scan runs the epoch on batches already on the device (the
-    pipeline moved onto the device, as chapter 2 does), with no per-step host work.
+    Three feed the jitted step from `host_pipeline` (`host_seconds` of work per batch, sized
+    now) and fetch the loss every step, every k steps, or never; the scan runs the epoch on
+    batches already on the device (the pipeline moved onto the device, as chapter 2 does),
+    with no per-step host work. Two controls: the jitted step driven from Python with a fetch
+    every step and no host work (the device work of a fed step, its dispatch and fetch
+    included), and the pipeline's host work without a step.
     """
+    iterations = spin_iterations(host_seconds)
     as_list = unstack(batches)
     jitted = jax.jit(train_step)
     epoch = jax.jit(make_epoch(train_step))
     fed = lambda log_every: python_loop(
-        jitted, params, opt_state, host_pipeline(as_list, host_seconds), log_every
+        jitted, params, opt_state, host_pipeline(as_list, iterations), log_every
     )[0]
     return {
         "fetch every step": lambda: fed(1),
         f"fetch every {k} steps": lambda: fed(k),
         "never fetch": lambda: fed(None),
         "scan, data on device": lambda: epoch(params, opt_state, batches)[0],
+        "steps alone, fetch every step": lambda: python_loop(jitted, params, opt_state, as_list, 1)[
+            0
+        ],
+        "host work alone": lambda: [_spin(iterations) for _ in as_list],
     }
 
 
-def predicted_step_seconds(host: float, device: float, k: int) -> dict[str, float]:
-    """Seconds per step each overlap driver should take, for host work h and device work d.
+def predicted_step_seconds(
+    host: float, device: float, k: int, host_share: float = 1.0, device_share: float = 1.0
+) -> dict[str, float]:
+    """Seconds per step each fed driver should take, for host work h and device work d (each
+    timed alone) that run at `host_share` and `device_share` of that speed beside each other.
 
-    Fetching every step serialises them: h + d. Otherwise the host prepares step t+1
-    while the device runs step t: max(h, d); a fetch every k steps drains the queue once
-    per k steps, adding min(h, d) / k. The scan has no host work per step: d.
+    Fetching every step serialises them: h + d. Otherwise the host prepares step t+1 while
+    the device runs step t: both run side by side until the first is done, the rest of the
+    other alone; with shares of 1 that is max(h, d), with no free core (shares that add up
+    to 1) no faster than h + d. A fetch every k steps loses that gain once per k steps.
     """
+    if not (0.0 < host_share <= 1.0 and 0.0 < device_share <= 1.0) or k < 1:
+        raise ValueError(f"need shares in (0, 1] and k >= 1, got {host_share}, {device_share}, {k}")
+    side_by_side = min(host / host_share, device / device_share)
+    host_left = host - host_share * side_by_side
+    device_left = device - device_share * side_by_side
+    never = side_by_side + host_left + device_left  # at most one of the two is left
+    every = host + device
     return {
-        "fetch every step": host + device,
-        f"fetch every {k} steps": max(host, device) + min(host, device) / k,
-        "never fetch": max(host, device),
-        "scan, data on device": device,
+        "fetch every step": every,
+        f"fetch every {k} steps": never + (every - never) / k,
+        "never fetch": never,
     }
 
 
@@ -93,23 +265,31 @@ def fit_against_bare_epoch(
     key, params, opt_state, train_step, data: Batch, *, batch_size: int, epochs: int, rounds: int
 ) -> dict[str, float]:
     """Seconds of `fit` and of the same jitted epoch driven directly from Python, reshuffling
-    included, each compiled beforehand (fastest of `rounds`, taken in turn).
+    included, each compiled beforehand (median of `rounds`, taken in turn); and a control:
+    the bare loop with its reshuffle jitted too, one program per epoch's data instead of
+    `epoch_batches` run op by op.
 
-    Both start from fresh copies of `params` and `opt_state` (fit donates what it is given).
+    All start from fresh copies of `params` and `opt_state` (fit donates what it is given).
     """
     copies = lambda: jax.tree.map(jnp.copy, (params, opt_state))
     epoch = jax.jit(make_epoch(train_step), donate_argnums=(0, 1))
+    jitted_shuffle = jax.jit(epoch_batches, static_argnums=2)
 
-    def bare():
+    def bare(shuffle):
         p, s = copies()
         for e in range(epochs):
-            batches = epoch_batches(jax.random.fold_in(key, e), data, batch_size)  # (steps, B, ...)
+            batches = shuffle(jax.random.fold_in(key, e), data, batch_size)  # (steps, B, ...)
             p, s, _ = epoch(p, s, batches)
         return p
 
     def through_fit():
         return fit(key, *copies(), train_step, data, batch_size=batch_size, epochs=epochs)[0]
 
-    seconds = interleaved_seconds({"fit": through_fit, "bare epoch": bare}, rounds)
+    runs = {
+        "fit": through_fit,
+        "bare epoch": lambda: bare(epoch_batches),
+        "bare epoch, reshuffle jitted": lambda: bare(jitted_shuffle),
+    }
+    seconds = interleaved_seconds(runs, rounds)
     seconds["steps"] = epochs * (data.x.shape[0] // batch_size)
     return seconds

@@ -1,4 +1,17 @@
-"""Honest timing: warm-up, `block_until_ready`, median of repeats; and a compile counter."""
+"""Honest timing, by one rule; and a compile counter.
+
+The timing rule, for every figure the book publishes:
+- A sample is one call, timed from its dispatch until `block_until_ready` returns, after
+  warm-up calls that absorb compilation. A sample should last at least a millisecond, ten
+  dispatches' worth (chapter 1 measures one): shorter work is put in one call (a scanned
+  epoch of steps, a decode call of several steps), so that a call's fixed cost is small
+  against what it measures.
+- Samples of the things compared are interleaved: each round times every run once, in
+  turn, so that a busy moment of a shared machine hits all of them (`interleaved_samples`).
+- A measured time is the median of its samples (`time_call`, `interleaved_seconds`).
+- A ceiling, the rate no program beats, is the best of its samples (`roofline`): a busy
+  moment only slows a call down, so the fastest sample is the least disturbed.
+"""
 
 import contextlib
 import dataclasses
@@ -24,18 +37,11 @@ def _warm_up(fn, args, warmup: int, repeats: int) -> None:
 
 
 def time_call(fn: Callable[..., Any], *args, warmup: int = 2, repeats: int = 7) -> float:
-    """Median wall time of `fn(*args)` in seconds, waiting for the result each time.
-
-    The warm-up calls absorb compilation; `block_until_ready` makes the clock wait for
-    the device instead of stopping when the work is merely queued.
-    """
+    """Median wall time of `fn(*args)` in seconds, waiting for the result each time: the
+    timing rule (module docstring) for one run, after `warmup` untimed calls."""
     _warm_up(fn, args, warmup, repeats)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    samples = interleaved_samples({"fn": lambda: fn(*args)}, repeats, warmup_each=0, compile=False)
+    return statistics.median(samples["fn"])
 
 
 def time_dispatch(fn: Callable[..., Any], *args, warmup: int = 2, repeats: int = 7) -> float:
@@ -127,7 +133,7 @@ def compile_in_fresh_process(cache_dir: str | os.PathLike | None, sizes=None) ->
 
 
 def interleaved_samples(
-    runs: dict[str, Callable[[], Any]], rounds: int, *, warmup_each: int = 1
+    runs: dict[str, Callable[[], Any]], rounds: int, *, warmup_each: int = 1, compile: bool = True
 ) -> dict[str, list[float]]:
     """Every timed call of each run, the runs taken in turn within each of `rounds` rounds.
 
@@ -135,14 +141,15 @@ def interleaved_samples(
     timed call, `warmup_each` untimed calls of the same run: otherwise a run pays for the
     state the run before it left behind (caches, TLB, memory, idle cores). At T = S = 4096
     on the 2-core CPU, blockwise attention timed straight after naive attention, which
-    writes 1 GiB of scores, took 15-40 % longer than after a call of its own.
+    writes 1 GiB of scores, took 15-40 % longer than after a call of its own. `compile`:
+    call each run once first, untimed.
 
     Returns:
       {name: [seconds of each timed call, in round order]}.
     """
     if rounds < 1 or warmup_each < 0:
         raise ValueError(f"need rounds >= 1 and warmup_each >= 0, got {rounds}, {warmup_each}")
-    for run in runs.values():  # compile
+    for run in runs.values() if compile else ():
         jax.block_until_ready(run())
     samples = {name: [] for name in runs}
     for _ in range(rounds):
@@ -156,12 +163,8 @@ def interleaved_samples(
 
 
 def interleaved_seconds(runs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
-    """Fastest of `rounds` timed calls of each run (`interleaved_samples` without untimed
-    calls between turns: its callers compare whole training runs of one kind, which leave
-    each other the same machine).
-
-    A busy moment only slows a call down, so the fastest call is the least disturbed
-    estimate of each.
-    """
+    """Median of `rounds` timed calls of each run, taken in turn (`interleaved_samples`
+    without untimed calls between turns: its callers compare whole training runs of one
+    kind, which leave each other the same machine)."""
     samples = interleaved_samples(runs, rounds, warmup_each=0)
-    return {name: min(seconds) for name, seconds in samples.items()}
+    return {name: statistics.median(seconds) for name, seconds in samples.items()}

@@ -1,0 +1,74 @@
+import importlib
+
+import jax
+import pytest
+
+from jaxloops import measure
+from jaxloops.measure import throughput
+
+
+def _roof(flops=(3.0, 7.0, 5.0), rates=(2.0, 1.0)):
+    return measure.Roofline("cpu", max(flops), flops, max(rates), rates, 8, 64)
+
+
+def test_the_ceiling_is_the_best_of_its_interleaved_samples():
+    roof = measure.measure_roofline(
+        jax.random.key(0), matmul_size=33, read_bytes=4 * 1001, samples=3
+    )
+    assert len(roof.flops_samples) == len(roof.bytes_samples) == 3
+    assert roof.flops_per_s == max(roof.flops_samples) > min(roof.flops_samples) * 0.999
+    assert roof.bytes_per_s == max(roof.bytes_samples) and roof.read_bytes == 4 * 1001
+    with pytest.raises(ValueError, match="samples >= 1, got 0"):
+        measure.measure_roofline(jax.random.key(0), matmul_size=33, read_bytes=64, samples=0)
+
+
+def test_raised_keeps_every_sample_and_the_best_of_old_and_new():
+    roof = _roof().raised(flops_samples=[4.0, 11.0], bytes_samples=[0.5])
+    assert roof.flops_per_s == 11.0 and roof.flops_samples == (3.0, 7.0, 5.0, 4.0, 11.0)
+    assert roof.bytes_per_s == 2.0 and len(roof.bytes_samples) == 3
+    assert _roof().raised(flops_samples=[1.0]).flops_per_s == 7.0  # a slower sample lowers nothing
+
+
+def test_raise_roofline_is_what_every_later_chapter_reads(tmp_path, monkeypatch):
+    path = tmp_path / "roofline.json"
+    env = importlib.import_module("jaxloops.measure.roofline").ROOFLINE_ENV
+    monkeypatch.setenv(env, str(path))
+    path.write_text(
+        '{"device": "cpu", "flops_per_s": 7.0, "flops_samples": [7.0], "bytes_per_s": 2.0, '
+        '"bytes_samples": [2.0], "matmul_size": 8, "read_bytes": 64}'
+    )
+    assert measure.raise_roofline(flops_samples=[9.0]).flops_per_s == 9.0
+    assert measure.roofline().flops_per_s == 9.0 and measure.roofline().flops_samples == (7.0, 9.0)
+
+
+def test_an_epoch_above_the_ceiling_is_measured_again_beside_it(key, monkeypatch):
+    import jaxloops
+
+    params = jaxloops.init_mlp(key, (5, 7, 3))
+    optimizer = jaxloops.make_optimizer(1e-3, 1e-4)
+    step = jaxloops.make_train_step(jaxloops.mlp_loss, optimizer)
+    epochs = {"a": (step, params, optimizer.init(params), measure.random_batches(key, 3, 11, 5, 3))}
+    raises = []
+
+    def stuck_at(ceiling):  # a ceiling that the matmul samples never raise
+        def fake(flops_samples=(), bytes_samples=()):
+            raises.append(len(flops_samples))
+            return _roof(flops=(ceiling,))
+
+        return fake
+
+    monkeypatch.setattr(throughput, "roofline", lambda: _roof())
+    monkeypatch.setattr(throughput, "raise_roofline", stuck_at(1.0))  # 1 FLOP/s: always beaten
+    rows, roof = measure.scan_throughputs(epochs, rounds=2, tries=3)
+    # Three tries: 2 samples of the roofline's matmul, then 2 more of the epoch's own layer too.
+    assert raises == [2, 4, 4]
+    assert rows["a"]["flops_per_s"] > roof.flops_per_s  # still above: the page's check fails
+    raises.clear()
+    monkeypatch.setattr(throughput, "raise_roofline", stuck_at(1e30))
+    measure.scan_throughputs(epochs, rounds=2, tries=3)
+    assert raises == [2]  # below the ceiling at once: measured once
+
+
+def test_the_last_level_cache_is_a_plausible_size_or_unknown():
+    size = measure.last_level_cache_bytes()
+    assert size is None or 2**16 <= size <= 2**32, size
