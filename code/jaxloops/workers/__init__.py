@@ -13,6 +13,7 @@ Every worker is given its sizes as JSON (`sizes_json`) by the parent: a worker n
 """
 
 import dataclasses
+import importlib
 import json
 import os
 import sys
@@ -90,17 +91,18 @@ def check_cpu_devices(expected: int) -> None:
         )
 
 
-# The workers themselves, for a parent that calls their functions (`workers.checkpoint.
-# experiment`): imported last, as each imports the helpers above.
-from jaxloops.workers import cache_probe, checkpoint, sharding  # noqa: E402
+def __getattr__(name: str):
+    """The workers themselves, imported on first use (`workers.checkpoint.experiment`): not
+    at import, so `python -m jaxloops.workers.<name>` runs a module not imported before."""
+    if name in NAMES:
+        return importlib.import_module(f"jaxloops.workers.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = (
-    "cache_probe",
     "check_cpu_devices",
-    "checkpoint",
     "command",
     "cpu_env",
-    "sharding",
     "sizes_from_json",
     "sizes_json",
 )
