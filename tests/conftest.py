@@ -1,3 +1,5 @@
+import fcntl
+import json
 import os
 
 # The tests check values, not speed, and most of their time is XLA compiling many small
@@ -66,3 +68,22 @@ def digits():
 @pytest.fixture
 def key():
     return jax.random.key(7)
+
+
+def once_per_session(tmp_path_factory, worker_id: str, name: str, compute):
+    """`compute(directory)` (JSON-able) run once for the whole session: under pytest-xdist
+    the first worker to ask computes it and the others read its result, instead of every
+    worker that runs one of the module's tests repeating a slow fixture.
+
+    `directory` is a folder of its own for what `compute` writes.
+    """
+    if worker_id == "master":  # no xdist
+        return compute(tmp_path_factory.mktemp(name))
+    root = tmp_path_factory.getbasetemp().parent  # shared by the session's workers
+    result = root / f"{name}.json"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not result.exists():
+            (root / name).mkdir(exist_ok=True)
+            result.write_text(json.dumps(compute(root / name)))
+        return json.loads(result.read_text())

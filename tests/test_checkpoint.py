@@ -11,6 +11,7 @@ import optax
 import pytest
 
 import jaxloops
+from conftest import once_per_session
 from jaxloops import checkpoint, equivalence, workers
 from jaxloops.workers import checkpoint as checkpoint_worker
 
@@ -182,11 +183,27 @@ def train_in_new_process(*args) -> subprocess.CompletedProcess:
     return finished
 
 
+def shared_runs(tmp_path_factory, worker_id, name, runs) -> dict:
+    """`runs(root)` once per session (`once_per_session`); its .npz files loaded."""
+    shared = once_per_session(tmp_path_factory, worker_id, name, runs)
+    arrays = {key: dict(np.load(shared[key])) for key in ("final", "uninterrupted")}
+    return {**shared, **arrays}
+
+
+def uninterrupted_npz(root, params, opt_state) -> str:
+    flat = checkpoint.flat_arrays({"params": params, "opt_state": opt_state})
+    np.savez(root / "uninterrupted.npz", **flat)
+    return str(root / "uninterrupted.npz")
+
+
 @pytest.fixture(scope="module")
-def mlp_runs(worker_cache, tmp_path_factory):
+def mlp_runs(worker_cache, tmp_path_factory, worker_id):
     """An MLP run stopped after STOP epochs here and one killed with SIGKILL after saving
     epoch KILL in another process, both resumed in one new process; and the uninterrupted run."""
-    root = tmp_path_factory.mktemp("mlp")
+    return shared_runs(tmp_path_factory, worker_id, "mlp-runs", run_mlp)
+
+
+def run_mlp(root) -> dict:
     run = checkpoint_worker.experiment("mlp", SIZES, CPU)
     command = workers.command(
         "checkpoint", "train", f"mlp:{root / 'killed'}", "--epochs", EPOCHS, "--slow", 0.5,
@@ -212,17 +229,19 @@ def mlp_runs(worker_cache, tmp_path_factory):
         "--out", root / "final.npz",
     )  # fmt: skip
     return dict(
-        status=status, printed=printed, stdout=finished.stdout,
-        final=dict(np.load(root / "final.npz")),
-        uninterrupted=checkpoint.flat_arrays({"params": params, "opt_state": opt_state}),
+        status=status, printed=printed, stdout=finished.stdout, final=str(root / "final.npz"),
+        uninterrupted=uninterrupted_npz(root, params, opt_state),
     )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def transformer_runs(worker_cache, tmp_path_factory):
+def transformer_runs(worker_cache, tmp_path_factory, worker_id):
     """A transformer run stopped after STOP epochs in one process and resumed in a new one;
     and the uninterrupted run, trained here meanwhile."""
-    root = tmp_path_factory.mktemp("transformer")
+    return shared_runs(tmp_path_factory, worker_id, "transformer-runs", run_transformer)
+
+
+def run_transformer(root) -> dict:
     run_args = f"transformer:{root / 'stopped'}", "--epochs", EPOCHS
     with concurrent.futures.ThreadPoolExecutor() as pool:
         stopping = pool.submit(train_in_new_process, *run_args, "--stop-at", STOP)
@@ -234,8 +253,8 @@ def transformer_runs(worker_cache, tmp_path_factory):
         stopped = stopping.result()
     finished = train_in_new_process(*run_args, "--out", root / "final.npz")
     return dict(
-        stdout=stopped.stdout + finished.stdout, final=dict(np.load(root / "final.npz")),
-        uninterrupted=checkpoint.flat_arrays({"params": params, "opt_state": opt_state}),
+        stdout=stopped.stdout + finished.stdout, final=str(root / "final.npz"),
+        uninterrupted=uninterrupted_npz(root, params, opt_state),
     )  # fmt: skip
 
 

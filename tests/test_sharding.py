@@ -14,14 +14,13 @@ import jax
 import pytest
 
 import jaxloops
+from conftest import once_per_session
 from jaxloops import sharding, workers
 
 PROBE = pathlib.Path(__file__).with_name("sharding_probe.py")
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sharding")
+def run_probe(out) -> dict:
     run = subprocess.run(
         [sys.executable, str(PROBE), str(out)],
         capture_output=True,
@@ -32,6 +31,12 @@ def report(tmp_path_factory):
     assert run.returncode == 0, run.stderr[-4000:]
     line = next(line for line in run.stdout.splitlines() if line.startswith("REPORT"))
     return json.loads(line[len("REPORT") :])
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory, worker_id):
+    """The probe's report, measured once per session (not once per xdist worker)."""
+    return once_per_session(tmp_path_factory, worker_id, "sharding-probe", run_probe)
 
 
 def test_sharded_steps_equal_the_single_device_step_within_rounding(report):
