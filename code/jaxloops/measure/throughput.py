@@ -265,20 +265,17 @@ def fit_against_bare_epoch(
     key, params, opt_state, train_step, data: Batch, *, batch_size: int, epochs: int, rounds: int
 ) -> dict[str, float]:
     """Seconds of `fit` and of the same jitted epoch driven directly from Python, reshuffling
-    included, each compiled beforehand (median of `rounds`, taken in turn); and a control:
-    the bare loop with its reshuffle jitted too, one program per epoch's data instead of
-    `epoch_batches` run op by op.
+    included, each compiled beforehand (median of `rounds`, taken in turn).
 
     All start from fresh copies of `params` and `opt_state` (fit donates what it is given).
     """
     copies = lambda: jax.tree.map(jnp.copy, (params, opt_state))
     epoch = jax.jit(make_epoch(train_step), donate_argnums=(0, 1))
-    jitted_shuffle = jax.jit(epoch_batches, static_argnums=2)
 
-    def bare(shuffle):
+    def bare():
         p, s = copies()
         for e in range(epochs):
-            batches = shuffle(jax.random.fold_in(key, e), data, batch_size)  # (steps, B, ...)
+            batches = epoch_batches(jax.random.fold_in(key, e), data, batch_size)  # (steps, B, ...)
             p, s, _ = epoch(p, s, batches)
         return p
 
@@ -287,8 +284,7 @@ def fit_against_bare_epoch(
 
     runs = {
         "fit": through_fit,
-        "bare epoch": lambda: bare(epoch_batches),
-        "bare epoch, reshuffle jitted": lambda: bare(jitted_shuffle),
+        "bare epoch": bare,
     }
     seconds = interleaved_seconds(runs, rounds)
     seconds["steps"] = epochs * (data.x.shape[0] // batch_size)
