@@ -1,6 +1,7 @@
 """Measuring: honest timing, throughput, attention sweeps, the roofline, and machine facts."""
 
 from jaxloops.measure import gpu_report as gpu_report  # a module: measure.gpu_report.sidebar
+from jaxloops.measure import memory as memory  # a module: measure.memory.formula_sweep
 from jaxloops.measure.check import PageCheckWarning, check, strict
 from jaxloops.measure.compiled import (
     collectives,
