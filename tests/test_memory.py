@@ -107,3 +107,29 @@ def test_a_policy_that_does_not_exist_is_refused_by_name():
 def test_close_within_rejects_a_bound_of_no_terms():
     with pytest.raises(ValueError, match="terms must be >= 1, got 0"):
         memory.close_within(jnp.ones(2), jnp.ones(2), 0)
+
+
+def test_remat_keeps_the_block_inputs_and_one_block():
+    c = SMALL_TRANSFORMER
+    full = memory.activation_bytes(c, B, T)
+    remat = memory.remat_activation_bytes(c, B, T)
+    assert remat == 4 * c.num_layers * B * T * c.model_dim + full["per_layer"] + full["head"]
+    assert remat < full["total"]
+
+
+def test_largest_fitting_is_the_largest_and_refuses_a_margin_below_one():
+    assert memory.largest_fitting(10, 5, 100) == 9  # 9 * 10 + 5 = 95 <= 100 < 105
+    assert memory.largest_fitting(10, 5, 100, margin=2.5) == 3  # 3 * 25 + 5 = 80 < 105
+    assert memory.largest_fitting(10, 200, 100) == 0
+    with pytest.raises(ValueError, match="got 10, 0.5"):
+        memory.largest_fitting(10, 5, 100, margin=0.5)
+
+
+def test_the_biggest_batch_table_multiplies_accumulation_by_m():
+    from jaxloops.measure import memory as measured
+
+    rows = measured.biggest_batch_table(SMALL_TRANSFORMER, T, 10**7, margin=2.0, micro=4)
+    none, remat, acc, both = rows
+    assert remat["largest B"] > none["largest B"] >= none["safe B"]
+    assert acc["largest B"] % 4 == 0 and acc["largest B"] > none["largest B"]
+    assert both["safe B"] >= acc["safe B"]

@@ -128,6 +128,22 @@ def activation_bytes(config: TransformerConfig, batch: int, length: int, itemsiz
     return {"per_layer": per_layer, "head": head, "total": config.num_layers * per_layer + head}
 
 
+def remat_activation_bytes(config: TransformerConfig, batch: int, length: int, itemsize=4):
+    """`activation_bytes` under remat with nothing saved per block: each block's input
+    (BTD, L of them) is kept, and one block's residuals are rebuilt at a time in the backward
+    pass, beside the head's."""
+    full = activation_bytes(config, batch, length, itemsize)
+    inputs = config.num_layers * itemsize * batch * length * config.model_dim
+    return inputs + full["per_layer"] + full["head"]
+
+
+def largest_fitting(per_example: int, fixed: int, budget: int, margin: float = 1.0) -> int:
+    """The largest B with margin * B * per_example + fixed <= budget (0 if none fits)."""
+    if per_example < 1 or margin < 1:
+        raise ValueError(f"need per_example >= 1 and margin >= 1, got {per_example}, {margin}")
+    return max(0, int((budget - fixed) // (margin * per_example)))
+
+
 def parameter_count(config: TransformerConfig) -> int:
     """Parameters of `init_transformer(key, config)`, from the sizes alone."""
     V, D, F = config.vocab_size, config.model_dim, config.hidden_dim

@@ -141,3 +141,32 @@ def accumulation_program(config, batch: int, length: int, num_micro: int) -> Mea
     opt_state = jax.eval_shape(optimizer.init, params)
     step = make_accumulating_step(memory.remat_loss, optimizer, num_micro)
     return measure_compiled(step, params, opt_state, tokens)
+
+
+def biggest_batch_table(config, length: int, budget: int, margin: float, micro: int) -> list:
+    """For each technique: the formula's bytes per example, the fixed bytes (AdamW state;
+    plus the gradient sum under accumulation), the largest B the formula allows, and the
+    largest with the residuals multiplied by `margin` (the compiled program's measured
+    excess over the formula). Accumulation over `micro` micro-batches holds one micro-batch's
+    residuals, so its B is `micro` times the largest micro-batch."""
+    state = sum(memory.state_bytes(config).values())
+    grads = memory.state_bytes(config)["grads"]
+    plain = memory.activation_bytes(config, 1, length)["total"]
+    remat = memory.remat_activation_bytes(config, 1, length)
+    rows = []
+    for name, per_example, fixed, m in (
+        ("none", plain, state, 1),
+        ("remat (nothing saved)", remat, state, 1),
+        (f"accumulation, M = {micro}", plain, state + grads, micro),
+        (f"remat and accumulation, M = {micro}", remat, state + grads, micro),
+    ):
+        rows.append(
+            {
+                "technique": name,
+                "bytes per example": per_example,
+                "fixed bytes": fixed,
+                "largest B": m * memory.largest_fitting(per_example, fixed, budget),
+                "safe B": m * memory.largest_fitting(per_example, fixed, budget, margin),
+            }
+        )
+    return rows
