@@ -115,3 +115,14 @@ def test_powers_of_two_are_accepted(scale):
 def test_a_bad_growth_interval_is_refused():
     with pytest.raises(ValueError, match="growth_interval must be a positive int, got 0"):
         precision.make_scaled_step(tiny_loss, optax.adam(1e-2), 0)
+
+
+def test_curve_gap_is_the_largest_relative_gap_and_sees_a_shifted_curve():
+    reference = jnp.array([4.0, 3.0, 2.5, 2.0])
+    assert precision.curve_gap(reference, reference * (1 + 2.0**-9)) == pytest.approx(2.0**-9)
+    # One epoch out of step (the off-by-one a wrong data order gives) is far outside a
+    # bfloat16 rounding.
+    shifted = jnp.concatenate([reference[1:], reference[-1:]])
+    assert precision.curve_gap(reference, shifted) > float(jnp.finfo(jnp.bfloat16).eps)
+    with pytest.raises(ValueError, match=r"\(4,\) and \(3,\)"):
+        precision.curve_gap(reference, reference[:3])

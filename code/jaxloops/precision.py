@@ -115,3 +115,12 @@ def zero_gradients(grads, reference) -> int:
             for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(reference))
         )
     )
+
+
+def curve_gap(reference, other) -> float:
+    """The largest relative gap max |other - reference| / |reference| between two loss
+    curves of the same length (e.g. per-epoch means of two runs)."""
+    reference, other = jnp.asarray(reference, jnp.float32), jnp.asarray(other, jnp.float32)
+    if reference.shape != other.shape:
+        raise ValueError(f"curves of different lengths: {reference.shape} and {other.shape}")
+    return float(jnp.max(jnp.abs(other - reference) / jnp.abs(reference)))
