@@ -37,10 +37,10 @@ def train(step, params, state, batch, steps=30):
 def test_mixed_precision_keeps_float32_master_parameters_and_gradients(model):
     params, batch = model
     loss = precision.compute_in(jaxloops.transformer_loss, jnp.bfloat16)
-    value, grads = jax.value_and_grad(lambda p: loss(p, batch)[0])(params)
+    value, grads = jax.jit(jax.value_and_grad(lambda p: loss(p, batch)[0]))(params)
     assert value.dtype == jnp.float32
     assert {g.dtype for g in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
-    reference = jax.grad(lambda p: jaxloops.transformer_loss(p, batch)[0])(params)
+    reference = jax.jit(jax.grad(lambda p: jaxloops.transformer_loss(p, batch)[0]))(params)
     # Close to float32 within bfloat16's rounding, and not identical: it did compute in bf16.
     error, scale = memory.max_error(reference, grads)
     assert 0 < error <= 64 * float(jnp.finfo(jnp.bfloat16).eps) * scale
@@ -63,8 +63,8 @@ def test_loss_scaling_recovers_a_run_that_float16_alone_loses(model):
     adam = optax.adam(1e-2, eps=1e-12)
     f32, _, _ = train(jaxloops.make_train_step(tiny_loss, adam), params, adam.init(params), batch)
     half_loss = precision.compute_in(tiny_loss, jnp.float16)
-    g32 = jax.grad(lambda p: tiny_loss(p, batch)[0])(params)
-    g16 = jax.grad(lambda p: half_loss(p, batch)[0])(params)
+    g32 = jax.jit(jax.grad(lambda p: tiny_loss(p, batch)[0]))(params)
+    g16 = jax.jit(jax.grad(lambda p: half_loss(p, batch)[0]))(params)
     assert precision.zero_gradients(g16, g32) > memory.parameter_count(SMALL_TRANSFORMER) / 2
     f16, _, _ = train(jaxloops.make_train_step(half_loss, adam), params, adam.init(params), batch)
     scaled, (_, scale), _ = train(
