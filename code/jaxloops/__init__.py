@@ -19,6 +19,9 @@ Where things live:
   jaxloops.measure    measuring: timing, throughput, sweeps, the roofline, machine facts.
   jaxloops.sharding   the rest of chapter 12: placement, HLO collectives, multi-process runs.
   jaxloops.solutions  the answers to the chapters' exercises.
+  jaxloops.memory, jaxloops.accumulate, jaxloops.precision
+                      chapter 14: remat and the scan over layers, gradient accumulation,
+                      mixed precision and loss scaling.
 
 Two rules, applied everywhere:
 
@@ -34,6 +37,9 @@ Two rules, applied everywhere:
   driver that runs it (`fit`, or the reader) applies `jax.jit` and decides donation.
 """
 
+from jaxloops import accumulate as accumulate  # chapter 14: gradient accumulation
+from jaxloops import memory as memory  # chapter 14: remat, the scan over layers, the formula
+from jaxloops import precision as precision  # chapter 14: mixed precision, loss scaling
 from jaxloops.attention import attention, attention_weights, causal_mask
 from jaxloops.backend import experiment_sizes
 from jaxloops.blockwise import blockwise_attention, online_softmax_step

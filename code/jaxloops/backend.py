@@ -98,6 +98,22 @@ class CheckpointSizes:
 
 
 @dataclasses.dataclass(frozen=True)
+class MemorySizes:
+    """Chapter 14: what a train step keeps in memory (the transformer of part `lm`'s widths)."""
+
+    layers: int  # L of the chapter's model
+    batch_size: int  # B
+    seq_len: int  # T
+    sweep_batches: tuple[int, ...]  # B of the formula-against-compiled sweep
+    sweep_lengths: tuple[int, ...]  # T of that sweep
+    sweep_layers: tuple[int, ...]  # L of that sweep, and of the compile-time figure
+    micro_batches: tuple[int, ...]  # M of the accumulation sweep (each divides batch_size)
+    train_steps: int  # steps of the precision runs
+    text_bytes: int  # standard-library text the training windows are cut from
+    budget_mib: int  # the memory budget of the biggest-model table
+
+
+@dataclasses.dataclass(frozen=True)
 class Sizes:
     """Experiment sizes for one backend, one part per group of chapters."""
 
@@ -108,6 +124,7 @@ class Sizes:
     lm: LanguageModelSizes
     sharding: ShardingSizes
     checkpoint: CheckpointSizes
+    memory: MemorySizes
 
 
 _CPU = Sizes(
@@ -170,6 +187,18 @@ _CPU = Sizes(
         lm_text_bytes=2**16,
         lm_windows=64,
     ),
+    memory=MemorySizes(
+        layers=4,
+        batch_size=16,
+        seq_len=64,
+        sweep_batches=(4, 16),
+        sweep_lengths=(16, 64),
+        sweep_layers=(1, 2, 4),
+        micro_batches=(1, 2, 4),
+        train_steps=60,
+        text_bytes=2**16,
+        budget_mib=64,
+    ),
 )
 
 _GPU = Sizes(
@@ -231,6 +260,18 @@ _GPU = Sizes(
         keep_last=3,
         lm_text_bytes=2**20,
         lm_windows=1024,
+    ),
+    memory=MemorySizes(
+        layers=8,
+        batch_size=32,
+        seq_len=256,
+        sweep_batches=(8, 32),
+        sweep_lengths=(64, 256),
+        sweep_layers=(1, 2, 4, 8),
+        micro_batches=(1, 2, 4, 8),
+        train_steps=200,
+        text_bytes=2**20,
+        budget_mib=4096,
     ),
 )
 

@@ -1,4 +1,5 @@
-"""Answers to the chapters' exercises (loop chapters 1-7, attention chapters 8-11)."""
+"""Answers to the chapters' exercises (loop chapters 1-7, attention chapters 8-11, memory
+chapter 14)."""
 
 from jaxloops.solutions.attention import (
     chunked_causal_attention,
@@ -30,17 +31,20 @@ from jaxloops.solutions.loop import (
     top_k_accuracy,
     traced_shapes,
 )
+from jaxloops.solutions.memory import fewest_micro_batches, largest_batch
 
 __all__ = (
     "adamw_update",
     "chunked_causal_attention",
     "einsum_attention",
     "epoch_example_counts",
+    "fewest_micro_batches",
     "frozen_global_demo",
     "host_syncs",
     "impure_sgd_step",
     "incremental_logits",
     "label_smoothed_cross_entropy",
+    "largest_batch",
     "make_accumulating_train_step",
     "make_clipped_optimizer",
     "max_kv_heads",

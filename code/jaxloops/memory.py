@@ -1,0 +1,195 @@
+"""What a transformer train step keeps in memory, and remat: keeping less by recomputing.
+
+The chapter-11 transformer's blocks, applied here one `jax.checkpoint` per block under a
+named policy, or stacked on a leading L axis and run by a `lax.scan`. The formula for the
+residuals (the activations the backward pass reads) is `activation_bytes`; the step's
+other state (parameters, gradients, AdamW's two moments) is `state_bytes`.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+from jaxloops.data import Batch
+from jaxloops.losses import accuracy, cross_entropy
+from jaxloops.transformer import (
+    TransformerConfig,
+    attention_block,
+    check_tokens,
+    embed,
+    mlp_block,
+    num_blocks,
+    rms_norm,
+)
+
+MID = "block_mid"  # the residual stream between a block's attention and its MLP
+
+# Remat policies by name: which values inside a checkpointed block are kept for the backward
+# pass (the rest is recomputed). "names" keeps only the values tagged `checkpoint_name(MID)`.
+POLICIES = {
+    "nothing": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "names": jax.checkpoint_policies.save_only_these_names(MID),
+    "everything": jax.checkpoint_policies.everything_saveable,
+}
+
+
+def remat_policy(name: str):
+    """The `jax.checkpoint` policy called `name`, one of POLICIES."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown remat policy {name!r}; known: {', '.join(POLICIES)}")
+    return POLICIES[name]
+
+
+def block(params, x: jax.Array) -> jax.Array:
+    """One transformer block (attention, then MLP) of x (B, T, D), as chapter 11 applies it;
+    the residual stream between the two is tagged MID for the "names" policy."""
+    x, _ = attention_block(params["attention"], x)  # (B, T, D)
+    x = checkpoint_name(x, MID)
+    return mlp_block(params["mlp"], x)  # (B, T, D)
+
+
+def remat_block(policy: str | None):
+    """`block`, wrapped in `jax.checkpoint` under the named policy (None: not wrapped)."""
+    return block if policy is None else jax.checkpoint(block, policy=remat_policy(policy))
+
+
+def head_loss(params, x: jax.Array, labels: jax.Array):
+    """Final norm, unembedding and mean cross-entropy of x (B, T, D) against labels (B, T)."""
+    logits = jnp.einsum("BTD,DV->BTV", rms_norm(params["norm"], x), params["unembed"]["w"])
+    V = logits.shape[-1]
+    logits_V, labels = logits.reshape(-1, V), labels.reshape(-1)  # (B*T, V), (B*T,)
+    return cross_entropy(logits_V, labels), {"accuracy": accuracy(logits_V, labels)}
+
+
+def remat_loss(params, batch: Batch, policy: str | None = None):
+    """`transformer_loss` with each of the L blocks checkpointed under `policy`.
+
+    Args:
+      policy: a name in POLICIES, or None for no remat (then equal to `transformer_loss`).
+    """
+    check_tokens(params, batch.x)
+    apply = remat_block(policy)
+    x = embed(params, batch.x)  # (B, T, D)
+    for i in range(num_blocks(params)):
+        x = apply(params[f"block_{i}"], x)
+    return head_loss(params, x, batch.y)
+
+
+def whole_remat_loss(params, batch: Batch, policy: str = "nothing"):
+    """The control: one `jax.checkpoint` around the whole loss. The backward pass then
+    recomputes the whole forward pass first, and holds every block's residuals at once."""
+    return jax.checkpoint(remat_loss, policy=remat_policy(policy), static_argnums=(2,))(
+        params, batch, None
+    )
+
+
+def stack_blocks(params):
+    """The L blocks' parameters stacked on a leading L axis, under "blocks"; the rest as is."""
+    L = num_blocks(params)
+    blocks = [params[f"block_{i}"] for i in range(L)]
+    rest = {name: value for name, value in params.items() if not name.startswith("block_")}
+    return {**rest, "blocks": jax.tree.map(lambda *layers: jnp.stack(layers), *blocks)}
+
+
+def scanned_loss(stacked, batch: Batch, policy: str | None = None):
+    """`remat_loss` on `stack_blocks(params)`: one block body, run L times by `lax.scan`,
+    so the program holds one copy of it whatever L is."""
+    check_tokens(stacked, batch.x)
+    apply = remat_block(policy)
+
+    def body(x, block_params):
+        return apply(block_params, x), None
+
+    x, _ = jax.lax.scan(body, embed(stacked, batch.x), stacked["blocks"])  # (B, T, D)
+    return head_loss(stacked, x, batch.y)
+
+
+def activation_bytes(config: TransformerConfig, batch: int, length: int, itemsize: int = 4):
+    """The residuals a step must keep for its backward pass, at the least (no remat).
+
+    Per block, in elements: attention reads its input x and norm(x) (2 BTD), the query,
+    key and value (BT(N + 2K)H), the softmax weights (BNTS with S = T) and its output
+    (BTNH); the MLP its input and norm (2 BTD) and the hidden layer before and after the
+    gelu (2 BTF); each norm its 1/rms (BT). The head keeps x, norm(x) (2 BTD) and the
+    softmax of the logits (BTV).
+
+    Returns:
+      {"per_layer", "head", "total"} in bytes, for batch B and length T.
+    """
+    B, T, D, F = batch, length, config.model_dim, config.hidden_dim
+    N, K, H, V = config.num_heads, config.num_kv_heads, config.head_dim, config.vocab_size
+    per_layer = 4 * B * T * D + B * T * (2 * N + 2 * K) * H + B * N * T * T + 2 * B * T * F
+    per_layer += 2 * B * T
+    head = 2 * B * T * D + B * T * V
+    per_layer, head = itemsize * per_layer, itemsize * head
+    return {"per_layer": per_layer, "head": head, "total": config.num_layers * per_layer + head}
+
+
+def remat_activation_bytes(config: TransformerConfig, batch: int, length: int, itemsize=4):
+    """`activation_bytes` under remat with nothing saved per block: each block's input
+    (BTD, L of them) is kept, and one block's residuals are rebuilt at a time in the backward
+    pass, beside the head's."""
+    full = activation_bytes(config, batch, length, itemsize)
+    inputs = config.num_layers * itemsize * batch * length * config.model_dim
+    return inputs + full["per_layer"] + full["head"]
+
+
+def largest_fitting(per_example: int, fixed: int, budget: int, margin: float = 1.0) -> int:
+    """The largest B with margin * B * per_example + fixed <= budget (0 if none fits)."""
+    if per_example < 1 or margin < 1:
+        raise ValueError(f"need per_example >= 1 and margin >= 1, got {per_example}, {margin}")
+    return max(0, int((budget - fixed) // (margin * per_example)))
+
+
+def parameter_count(config: TransformerConfig) -> int:
+    """Parameters of `init_transformer(key, config)`, from the sizes alone."""
+    V, D, F = config.vocab_size, config.model_dim, config.hidden_dim
+    N, K, H = config.num_heads, config.num_kv_heads, config.head_dim
+    per_layer = D * (N + 2 * K) * H + N * H * D + 2 * D * F + 2 * D
+    return V * D + config.max_len * D + config.num_layers * per_layer + D + D * V
+
+
+def state_bytes(config: TransformerConfig, itemsize: int = 4) -> dict:
+    """The step's state besides activations: parameters, their gradients, AdamW's mu and nu."""
+    P = itemsize * parameter_count(config)
+    return {"params": P, "grads": P, "adam": 2 * P}
+
+
+def tree_bytes(tree) -> int:
+    """Bytes of every array (or ShapeDtypeStruct) in a pytree."""
+    return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in jax.tree.leaves(tree))
+
+
+def rounding_terms(config: TransformerConfig, length: int, extra: int = 0) -> int:
+    """n of the float32 error bound n * eps * max|g| between two evaluations of the same
+    gradient that round differently: the contraction lengths the gradient passes through
+    (per block D for the projections, S = T for the weighted values, N H for the output
+    projection, D and F for the MLP; D and V in the head), plus `extra` (terms of a sum
+    that is reassociated, e.g. the B T tokens of a mean split into micro-batches)."""
+    D, F, NH = config.model_dim, config.hidden_dim, config.num_heads * config.head_dim
+    return config.num_layers * (2 * D + length + NH + F) + D + config.vocab_size + extra
+
+
+def max_error(a, b) -> tuple[float, float]:
+    """(max |a - b| over every leaf, max |a| over every leaf) of two pytrees of arrays."""
+    diff = max(
+        float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )
+    scale = max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(a))
+    return diff, scale
+
+
+def close_within(reference, other, terms: int, dtype=jnp.float32) -> dict:
+    """Whether `other` equals `reference` within terms * eps(dtype) * max|reference|.
+
+    Returns:
+      {"error", "bound", "ok"}: the largest difference, the bound, and error <= bound.
+    """
+    if terms < 1:
+        raise ValueError(f"terms must be >= 1, got {terms}")
+    error, scale = max_error(reference, other)
+    bound = terms * float(jnp.finfo(dtype).eps) * scale
+    return {"error": error, "bound": bound, "ok": error <= bound}
