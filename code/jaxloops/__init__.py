@@ -16,7 +16,10 @@ Where things live:
   jaxloops            the concepts a reader uses: data, models, losses, gradients, the train
                       step, the loop, evaluation, attention, the KV cache, the transformer,
                       generation, and `experiment_sizes()`.
-  jaxloops.measure    measuring: timing, throughput, sweeps, the roofline, machine facts.
+  jaxloops.measure    measuring: timing, the roofline, compiled programs, throughput,
+                      sweeps, page checks, machine and published chip facts.
+  jaxloops.equivalence  the float32 rounding bounds that equivalence checks compare within.
+  jaxloops.workers    the processes chapters 1, 12 and 13 start (`python -m`), on the CPU.
   jaxloops.sharding   the rest of chapter 12: placement, HLO collectives, multi-process runs.
   jaxloops.solutions  the answers to the chapters' exercises.
   jaxloops.memory, jaxloops.accumulate, jaxloops.precision
