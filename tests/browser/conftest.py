@@ -130,11 +130,24 @@ def settle(page, script: str) -> None:
     page.evaluate(script)
 
 
-# Code a reader reads (cell inputs and listings, not outputs) whose widest line does not fit
-# the page's code column: the reader would have to scroll it sideways. Each is named by its
-# first line.
+# Code a reader reads (cell inputs and listings, not outputs): each block, named by its first
+# line, that scrolls sideways, and each whose column is too narrow for its longest line, up to
+# 100 characters (the package's limit), set in the block's own font, unwrapped: a line of up
+# to 100 characters must show whole, and only a longer one (a chapter's own cell) may wrap.
 SCROLLING_CODE = """() => Array.from(document.querySelectorAll('div.highlight pre'))
-    .filter(p => !p.closest('.cell_output') && p.scrollWidth > p.clientWidth + 1)
+    .filter(p => !p.closest('.cell_output') && p.clientWidth > 0)
+    .filter(p => {
+        const probe = document.createElement('span');
+        probe.style.whiteSpace = 'pre';
+        const longest = Math.max(...p.textContent.split('\\n').map(line => line.length));
+        probe.textContent = 'x'.repeat(Math.min(100, longest));
+        p.appendChild(probe);
+        const style = getComputedStyle(p);
+        const room = p.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+        const too_narrow = probe.getBoundingClientRect().width > room + 1;
+        probe.remove();
+        return too_narrow || p.scrollWidth > p.clientWidth + 1;
+    })
     .map(p => (p.textContent.split('\\n')[0] || '').slice(0, 80))"""
 
 
