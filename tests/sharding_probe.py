@@ -20,6 +20,7 @@ from jaxloops import equivalence, measure, sharding, workers  # noqa: E402
 SIZES = jaxloops.backend.ShardingSizes(
     devices=8, hidden=(24, 16), batch_size=40, examples=160, epochs=2,
     learning_rate=3e-3, weight_decay=1e-2,
+    stack_layers=3, stack_width=40, stack_hidden=24, stack_batch=40, grid=(4, 2),
 )  # fmt: skip
 ROWS = jaxloops.Batch(jax.P("data"), jax.P("data"))
 

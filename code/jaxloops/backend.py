@@ -82,6 +82,11 @@ class ShardingSizes:
     epochs: int
     learning_rate: float
     weight_decay: float
+    stack_layers: int  # L of the stacked residual MLP (FSDP per layer, tensor parallel)
+    stack_width: int  # its D, divisible by n
+    stack_hidden: int  # its F, divisible by the model axis
+    stack_batch: int  # its global B, divisible by n
+    grid: tuple[int, int]  # (data, model) of the 2-D mesh, product n
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +183,11 @@ _CPU = Sizes(
         epochs=3,
         learning_rate=3e-3,
         weight_decay=1e-2,
+        stack_layers=4,
+        stack_width=64,
+        stack_hidden=128,
+        stack_batch=64,
+        grid=(4, 2),
     ),
     checkpoint=CheckpointSizes(
         epochs=4,
@@ -252,6 +262,11 @@ _GPU = Sizes(
         epochs=10,
         learning_rate=3e-3,
         weight_decay=1e-2,
+        stack_layers=8,
+        stack_width=256,
+        stack_hidden=1024,
+        stack_batch=256,
+        grid=(4, 2),
     ),
     checkpoint=CheckpointSizes(
         epochs=20,

@@ -153,6 +153,18 @@ def pmean_loss(loss_fn: Callable, axis: str = DATA) -> Callable:
     return loss
 
 
+def shard_map_grad(loss_fn: Callable, mesh: Mesh, *, mean: bool) -> Callable:
+    """The gradient per device with `shard_map`, parameters in replicated: with `mean`, of
+    the loss averaged over devices by `pmean`; without, of each device's own loss.
+
+    Either way autodiff all-reduces the gradient: the transpose of using a replicated input
+    on every device is a sum over the devices. `pmean` adds only the 1 / n.
+    """
+    device_loss = pmean_loss(loss_fn) if mean else loss_fn
+    grad = jax.grad(lambda params, batch: device_loss(params, batch)[0])
+    return jax.shard_map(grad, mesh=mesh, in_specs=(jax.P(), jax.P(DATA)), out_specs=jax.P())
+
+
 def shard_map_step(loss_fn: Callable, optimizer, mesh: Mesh) -> Callable:
     """Data parallel written per device: each device's step sees B / n rows of the batch."""
     step = jax.shard_map(
@@ -247,19 +259,3 @@ def run_processes(out_dir, *, num_processes: int, devices_per_process: int, size
             raise RuntimeError(f"process {i} exited with {p.returncode}:\n{log[-3000:]}")
     with np.load(f"{out_dir}/params.npz") as f:
         return dict(f)
-
-
-def critical_batch(flops_per_s: float, bytes_per_s: float, strategy: str) -> float:
-    """Examples (or tokens) per device above which a step's compute hides its communication.
-
-    Per step and device, compute is 6 P (B / n) FLOPs (forward and backward, 2 + 4 per
-    parameter and example) and a ring moves 2 (n - 1) / n ~ 2 bytes per bf16 value and
-    collective pass: data parallel all-reduces the gradients (2 passes: 4 P bytes); FSDP
-    all-gathers the parameters for the forward and again for the backward pass and
-    reduce-scatters the gradients (3 passes: 6 P bytes). Equating the two times:
-    B / n = (2/3) C / W for data parallel and C / W for FSDP.
-    """
-    passes = {"dp": 2, "fsdp": 3}
-    if strategy not in passes:
-        raise ValueError(f"unknown strategy {strategy!r}; expected 'dp' or 'fsdp'")
-    return 2 * passes[strategy] * flops_per_s / (6 * bytes_per_s)

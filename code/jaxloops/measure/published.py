@@ -27,6 +27,9 @@ class PublishedPeaks:
     source: str
     interconnect: str | None = None
     interconnect_bytes_per_s: float | None = None
+    # What one ring over one mesh axis gets of it, per chip and direction: all of NVLink
+    # (a switch links every pair of GPUs), 2 of a TPU v5p's 6 torus links.
+    ring_bytes_per_s: float | None = None
 
     def flops_per_s(self, precision: str) -> float:
         """Peak FLOP/s of "f32", "tf32" or "bf16"."""
@@ -55,6 +58,7 @@ _H100_SXM = dict(
     bf16_flops_per_s=989.5e12,
     interconnect="NVLink 4",
     interconnect_bytes_per_s=450e9,
+    ring_bytes_per_s=450e9,
 )
 
 # (substrings of JAX's device_kind, peaks); the first entry whose substrings all match wins.
@@ -93,6 +97,7 @@ PUBLISHED = (
             source="Google Cloud TPU v5p documentation",
             interconnect="ICI",  # 4,800 Gbit/s per chip, both directions, all links together
             interconnect_bytes_per_s=300e9,
+            ring_bytes_per_s=100e9,  # 2 of the 6 links of its 3-D torus: one axis
         ),
     ),
     (
@@ -139,4 +144,17 @@ def interconnect_peaks() -> dict[str, tuple[float, float]]:
         )
         for _, peaks in PUBLISHED
         if peaks.interconnect_bytes_per_s is not None
+    }
+
+
+def ring_peaks() -> dict[str, tuple[float, float]]:
+    """{"<board>, <interconnect>": (bf16 FLOP/s, bytes/s one way of a ring over one mesh
+    axis)}: the W of chapter 12's critical batch C / W."""
+    return {
+        f"{peaks.board.removeprefix('NVIDIA ')}, {peaks.interconnect}": (
+            peaks.bf16_flops_per_s,
+            peaks.ring_bytes_per_s,
+        )
+        for _, peaks in PUBLISHED
+        if peaks.ring_bytes_per_s is not None
     }

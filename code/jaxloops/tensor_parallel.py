@@ -1,0 +1,64 @@
+"""Tensor parallel on a 2-D `data x model` mesh: the Megatron split of each MLP layer, and
+FSDP combined with it (chapter 12).
+
+Each layer's first matrix w1 (D, F) is split by columns over "model" and its second, w2
+(F, D), by rows: every device computes relu(h @ w1[:, its F / m]) with no communication,
+multiplies by its rows of w2, and the m partial (B, D) products are summed by one
+all-reduce over "model" (and, in the backward pass, one more for the gradient of h). The
+batch is split over "data" as in data parallel; with FSDP the weights are split over "data"
+as well and gathered, per layer, over "data" only.
+"""
+
+from collections.abc import Callable
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from jaxloops.fsdp import stack_loss
+
+DATA, MODEL = "data", "model"
+
+
+def grid_mesh(shape: tuple[int, int], devices) -> Mesh:
+    """A (data, model) mesh of Auto axes over exactly `devices`; shape's product must be
+    their number."""
+    devices = list(devices)
+    if len(shape) != 2 or min(shape) < 1 or int(np.prod(shape)) != len(devices):
+        raise ValueError(
+            f"mesh shape {tuple(shape)} has {int(np.prod(shape))} places for "
+            f"{len(devices)} devices; its product must be the device count"
+        )
+    auto = (jax.sharding.AxisType.Auto,) * 2
+    return jax.make_mesh(tuple(shape), (DATA, MODEL), axis_types=auto, devices=devices)
+
+
+def tp_specs(params, mesh: Mesh, *, fsdp: bool):
+    """Where each weight lives: w1 split by columns (F) and w2 by rows (F) over "model";
+    with `fsdp` also split over "data" (w1's D, w2's D, w_in's 64 inputs, w_out's D)."""
+    hidden, m = params["layers"]["w1"].shape[2], mesh.shape[MODEL]
+    if hidden % m:
+        raise ValueError(f"the model axis of {m} devices does not divide the hidden width {hidden}")
+    data = DATA if fsdp else None
+    return {
+        "w_in": jax.P(data, None),
+        "layers": {"w1": jax.P(None, data, MODEL), "w2": jax.P(None, MODEL, data)},
+        "w_out": jax.P(data, None),
+    }
+
+
+def tp_loss(mesh: Mesh) -> Callable:
+    """The stacked MLP's loss with each weight and activation where the Megatron split puts
+    it: weights whole over "data" where used (gathered there under FSDP), split over
+    "model"; the hidden activations (B, F) split over both axes, the layer outputs (B, D)
+    over "data" only, which is where the all-reduce over "model" comes from."""
+    where = {
+        "w_in": jax.P(),
+        "w1": jax.P(None, MODEL),
+        "w2": jax.P(MODEL, None),
+        "w_out": jax.P(),
+        "hidden": jax.P(DATA, MODEL),
+        "h": jax.P(DATA, None),
+    }
+    at = lambda name, x: jax.lax.with_sharding_constraint(x, NamedSharding(mesh, where[name]))
+    return lambda params, batch: stack_loss(params, batch, at)
