@@ -62,3 +62,25 @@ def tp_loss(mesh: Mesh) -> Callable:
     }
     at = lambda name, x: jax.lax.with_sharding_constraint(x, NamedSharding(mesh, where[name]))
     return lambda params, batch: stack_loss(params, batch, at)
+
+
+def held_blocks(sharding, shape) -> dict[tuple, list[int]]:
+    """{(row start, row stop, column start, column stop): device ids holding that block} of
+    a 2-D array of `shape` placed with `sharding`."""
+    blocks: dict[tuple, list[int]] = {}
+    for device, index in sharding.devices_indices_map(tuple(shape)).items():
+        rows, cols = (s.indices(size)[:2] for s, size in zip(index, shape, strict=True))
+        blocks.setdefault((*rows, *cols), []).append(device.id)
+    return blocks
+
+
+def draw_layout(ax, sharding, shape, title: str) -> None:
+    """A 2-D array as a rectangle, each block labelled with the devices that hold it."""
+    import matplotlib.patches as patches
+
+    for (r0, r1, c0, c1), ids in sorted(held_blocks(sharding, shape).items()):
+        ax.add_patch(patches.Rectangle((c0, r0), c1 - c0, r1 - r0, fill=False, lw=1.2))
+        label = ",".join(map(str, sorted(ids)))
+        ax.text((c0 + c1) / 2, (r0 + r1) / 2, label, ha="center", va="center", fontsize=7)
+    ax.set(xlim=(0, shape[1]), ylim=(shape[0], 0), title=title, xticks=[], yticks=[])
+    ax.set_aspect("equal")

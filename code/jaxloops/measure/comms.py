@@ -108,16 +108,28 @@ def critical_batch(flops_per_s: float, bytes_per_s: float, forward: float, backw
     return flops_per_s / bytes_per_s * max(forward, backward / 2)
 
 
-def phase_times(per_device_batch, params: int, flops_per_s, bytes_per_s, backward: float):
-    """The backward pass's compute and communication seconds at each examples-per-device.
+def phase_times(per_device_batch, flops_per_s, bytes_per_s, *, flops: int, passes: float):
+    """One phase's compute and communication seconds per parameter, at each examples-per-
+    device: `flops` per parameter and example (2 forward, 4 backward) at the peak, and
+    `passes` over the parameters of 2 bytes each (bf16) at the link's bytes/s.
 
     Returns:
       (compute, comms): arrays like `per_device_batch`; comms does not depend on it.
     """
     batch = np.asarray(per_device_batch, dtype=np.float64)
-    compute = 4 * params * batch / flops_per_s
-    comms = np.full_like(batch, backward * 2 * params / bytes_per_s)
-    return compute, comms
+    compute = flops * batch / flops_per_s
+    return compute, np.full_like(batch, 2 * passes / bytes_per_s)
+
+
+def plot_phases(ax, per_device_batch, phases: dict, critical: float, title: str) -> None:
+    """One strategy's roofline: each phase's compute and communication time against the
+    examples per device, and the critical batch as a vertical line."""
+    for (phase, (compute, comms)), color in zip(phases.items(), ("C0", "C1"), strict=False):
+        ax.loglog(per_device_batch, compute, color=color, label=f"{phase}: compute")
+        ax.loglog(per_device_batch, comms, color=color, ls="--", label=f"{phase}: communication")
+    ax.axvline(critical, color="k", lw=0.8, ls=":", label=f"critical B/n = {critical:,.0f}")
+    ax.set(title=title, xlabel="examples per device, B / n", ylabel="seconds per parameter")
+    ax.legend(fontsize=7)
 
 
 def crossover(per_device_batch, compute, comms) -> float:
