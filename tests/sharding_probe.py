@@ -14,7 +14,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxloops  # noqa: E402
-from jaxloops import equivalence, measure, sharding, workers  # noqa: E402
+from jaxloops import equivalence, fsdp, measure, sharding, tensor_parallel, workers  # noqa: E402
+from jaxloops.measure import comms  # noqa: E402
 
 # Sized for a test: odd widths, B = 40 = 5 rows per device, two short epochs.
 SIZES = jaxloops.backend.ShardingSizes(
@@ -71,9 +72,58 @@ def strategies(report, mesh, params, opt_state, batch, shifted, optimizer):
             "loss_diff": float(abs(new[2]["loss"] - one[2]["loss"])),
         }
     placed = sharding.place(mesh, jaxloops.strategy_specs(params, "dp", mesh), params)
-    g_dp = grad_fn(placed, sharding.place(mesh, ROWS, batch))
-    report["grad_ratio"] = equivalence.worst_ratio(g_dp, g_one, g_bound)
+    rows = sharding.place(mesh, ROWS, batch)
+    grads = {
+        "dp": grad_fn(placed, rows),
+        "shard_map": sharding.shard_map_grad(jaxloops.mlp_loss, mesh, mean=True)(placed, rows),
+        "negated": jax.tree.map(lambda g: -g, g_one),  # known-wrong: sign flipped
+        "zeroed": jax.tree.map(np.zeros_like, g_one),  # known-wrong: zero
+    }
+    unscaled = sharding.shard_map_grad(jaxloops.mlp_loss, mesh, mean=False)
+    grads["no_pmean"] = jax.tree.map(lambda g: g / 8, unscaled(placed, rows))
+    report["grad"] = {k: equivalence.worst_ratio(g, g_one, g_bound) for k, g in grads.items()}
+    report["grad_ratio"] = report["grad"]["dp"]
+    no_pmean = jax.jit(unscaled).lower(placed, rows).compile()
+    report["no_pmean_collectives"] = measure.collectives(no_pmean)
     report["param_bytes"] = int(sum(a.nbytes for a in jax.tree.leaves(params)))
+
+
+def stacked(report, mesh, split) -> None:
+    """The stacked MLP: FSDP per layer (both forms) and tensor parallel, against one device."""
+    L, B = SIZES.stack_layers, SIZES.stack_batch
+    params = jax.device_get(fsdp.init_stack(
+        jax.random.key(5), features=64, width=SIZES.stack_width, hidden=SIZES.stack_hidden,
+        layers=L, classes=10))  # fmt: skip
+    batch = jaxloops.Batch(split.train.x[:B], split.train.y[:B])
+    bound = equivalence.gradient_bound(fsdp.stack_loss, params, batch)
+    grad = lambda loss: jax.jit(jax.grad(lambda p, b: loss(p, b)[0]))
+    one = grad(fsdp.stack_loss)(params, batch)
+    specs = fsdp.stack_specs()
+    on_mesh = sharding.place(mesh, specs, params), sharding.place(mesh, ROWS, batch)
+    grid = tensor_parallel.grid_mesh(SIZES.grid, jax.devices("cpu"))
+    forms = {
+        "per_layer": (grad(fsdp.per_layer_loss(mesh)), on_mesh),
+        "twin": (jax.jit(fsdp.shard_map_fsdp_grad(mesh, specs)), on_mesh),
+    }
+    for name, with_fsdp in (("tp", False), ("tp_fsdp", True)):
+        tp_specs = tensor_parallel.tp_specs(params, grid, fsdp=with_fsdp)
+        args = sharding.place(grid, tp_specs, params), sharding.place(grid, ROWS, batch)
+        forms[name] = (grad(tensor_parallel.tp_loss(grid)), args)
+    activation = B // SIZES.grid[0] * SIZES.stack_width * 4
+    report["stack"] = {
+        "L": L,
+        "P": int(sum(a.nbytes for a in jax.tree.leaves(params))),
+        "P_L": int(sum(a.nbytes for a in jax.tree.leaves(params["layers"]))),
+        "activation": activation,
+    }
+    for name, (fn, args) in forms.items():
+        program = fn.lower(*args).compile()
+        report["stack"][name] = {
+            "ratio": equivalence.worst_ratio(program(*args), one, bound),
+            "steps": comms.per_step(program, trips=L),
+            "activations": comms.per_step(program, trips=L, only_bytes=activation),
+            "state_bytes": sharding.device_bytes(args[0]),
+        }
 
 
 def bad_inputs(mesh, params, opt_state, batch, optimizer) -> dict:
@@ -122,6 +172,7 @@ def main(out_dir: str) -> None:
     opt_state = jax.device_get(optimizer.init(params))
     report = {}
     strategies(report, mesh, params, opt_state, batch, shifted, optimizer)
+    stacked(report, mesh, split)
     report["errors"] = bad_inputs(mesh, params, opt_state, batch, optimizer)
     processes(report, mesh, split, out_dir)
     print("REPORT" + json.dumps(report))

@@ -11,11 +11,13 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 import jaxloops
 from conftest import once_per_session
-from jaxloops import sharding, workers
+from jaxloops import fsdp, sharding, tensor_parallel, workers
+from jaxloops.measure import comms
 
 PROBE = pathlib.Path(__file__).with_name("sharding_probe.py")
 
@@ -96,8 +98,111 @@ def test_mesh_larger_than_the_devices_is_refused():
         jaxloops.data_mesh(len(devices) + 1, devices)
 
 
-def test_critical_batch_follows_the_formula():
-    assert sharding.critical_batch(6e12, 1e9, "dp") == pytest.approx(4000)
-    assert sharding.critical_batch(6e12, 1e9, "fsdp") == pytest.approx(6000)
-    with pytest.raises(ValueError, match="'tp'"):
-        sharding.critical_batch(1.0, 1.0, "tp")
+def test_every_strategy_gradient_is_within_the_bound_and_wrong_ones_are_not(report):
+    """Gradients before the optimizer, against the float32 summation bound: every strategy
+    passes it, a sign-flipped and a zeroed gradient both fail it."""
+    grads = report["grad"]
+    for name in ("dp", "shard_map", "no_pmean"):
+        assert grads[name] <= 1, (name, grads[name])
+    for wrong in ("negated", "zeroed"):
+        assert grads[wrong] > 100, (wrong, grads[wrong])
+
+
+def test_the_all_reduce_comes_from_autodiff_not_from_pmean(report):
+    dp = report["dp"]["collectives"]
+    assert report["no_pmean_collectives"]["all-reduce"][0] == 1
+    assert report["no_pmean_collectives"]["all-reduce"][1] == report["param_bytes"]
+    assert dp["all-reduce"][1] == report["param_bytes"] + 8  # the step adds its two metrics
+
+
+def test_fsdp_per_layer_and_tensor_parallel_equal_one_device(report):
+    for name in ("per_layer", "twin", "tp", "tp_fsdp"):
+        assert report["stack"][name]["ratio"] <= 1, (name, report["stack"][name]["ratio"])
+
+
+def test_fsdp_per_layer_collectives_and_bytes_follow_the_formula(report):
+    stack, n = report["stack"], 8
+    L, P, P_L = stack["L"], stack["P"], stack["P_L"]
+    twin, per_layer = stack["twin"]["steps"], stack["per_layer"]["steps"]
+    # Forward: every weight gathered once; backward: the layers gathered again, then reduced.
+    assert twin["forward"] == {"all-gather": [2 * L + 2, P]}
+    assert twin["backward"]["all-gather"] == [2 * L, P_L]
+    assert twin["backward"]["reduce-scatter"] == [2 * L + 2, P // n]
+    assert "reduce-scatter" not in per_layer["backward"]  # the partitioner all-reduces
+    assert per_layer["backward"]["all-reduce"][1] == P
+    for name in ("per_layer", "twin"):
+        assert stack[name]["state_bytes"] * n == P, (name, stack[name]["state_bytes"])
+    # FSDP + TP: the layers split over all n devices, the outer weights over "data" (4).
+    assert stack["tp_fsdp"]["state_bytes"] == P_L // n + (P - P_L) // 4
+
+
+def test_tensor_parallel_all_reduces_one_activation_per_layer_and_pass(report):
+    L, activation = report["stack"]["L"], report["stack"]["activation"]  # (B / d, D) float32
+    for name in ("tp", "tp_fsdp"):
+        found = report["stack"][name]["activations"]
+        for phase in ("forward", "backward"):
+            assert found[phase]["all-reduce"] == [L, L * activation], (name, found)
+
+
+def test_critical_batch_is_c_over_w_for_data_parallel_and_fsdp():
+    c, w = 6e12, 1e9
+    assert comms.critical_batch(c, w, forward=0, backward=2) == pytest.approx(c / w)  # dp
+    assert comms.critical_batch(c, w, forward=1, backward=2) == pytest.approx(c / w)  # fsdp
+    assert comms.critical_batch(c, w, forward=1, backward=3) == pytest.approx(1.5 * c / w)
+    with pytest.raises(ValueError, match="-1"):
+        comms.critical_batch(c, w, forward=-1, backward=2)
+
+
+def test_the_roofline_crosses_at_the_critical_batch():
+    x = np.geomspace(10, 1e5, 500)
+    compute, comm = comms.phase_times(x, 6e12, 1e9, flops=4, passes=2)
+    assert comms.crossover(x, compute, comm) == pytest.approx(6000, rel=1e-3)
+    assert comms.crossover(x, compute, comm + 1.0) == float("inf")
+
+
+def test_ring_bytes_follow_the_ring_formulas():
+    counted = {"all-gather": (1, 800), "all-reduce": (2, 100), "reduce-scatter": (1, 10)}
+    assert comms.ring_bytes(counted, 8) == pytest.approx(7 / 8 * 800 + 2 * 7 / 8 * 100 + 7 * 10)
+    with pytest.raises(ValueError, match="all-to-all"):
+        comms.ring_bytes({"all-to-all": (1, 8)}, 8)
+
+
+HLO = """\
+%body.1 (p: f32[4]) -> f32[4] {
+  %ag = f32[8,4]{1,0} all-gather(%x), channel_id=1, metadata={op_name="jit(f)/transpose(jvp())/b"}
+  %rs = f32[2]{0} reduce-scatter(%y), channel_id=2, metadata={op_name="jit(f)/shard_map/rs"}
+}
+
+ENTRY %main () -> f32[4] {
+  %w = (f32[4]) while(%t), condition=%cond.1, body=%body.1
+  %ar = f32[16]{0} all-reduce(%z), channel_id=3, metadata={op_name="jit(f)/jvp()/dot_general"}
+}
+"""
+
+
+def test_collectives_per_step_count_loop_trips_and_phases():
+    steps = comms.per_step(HLO, trips=3)
+    assert steps == {
+        "forward": {"all-reduce": (1, 64)},  # named jvp(...): forward (tensor parallel's)
+        "backward": {"all-gather": (3, 3 * 128), "reduce-scatter": (3, 3 * 8)},
+    }
+    assert comms.per_step(HLO, trips=3, only_bytes=8)["backward"] == {"reduce-scatter": (3, 24)}
+    with pytest.raises(ValueError, match="trips must be >= 1, got 0"):
+        comms.per_step(HLO, trips=0)
+
+
+def test_a_mesh_shape_that_is_not_the_device_count_is_refused():
+    devices = jax.devices("cpu")
+    with pytest.raises(ValueError, match=rf"\(4, 3\) has 12 places for {len(devices)} devices"):
+        tensor_parallel.grid_mesh((4, 3), devices)
+
+
+def test_a_model_axis_that_does_not_divide_the_hidden_width_is_refused():
+    params = jax.eval_shape(
+        lambda: fsdp.init_stack(
+            jax.random.key(0), features=64, width=8, hidden=15, layers=3, classes=10
+        )  # fmt: skip
+    )
+    mesh = jax.sharding.AbstractMesh((4, 2), ("data", "model"))
+    with pytest.raises(ValueError, match="2 devices does not divide the hidden width 15"):
+        tensor_parallel.tp_specs(params, mesh, fsdp=False)

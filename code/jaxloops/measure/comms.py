@@ -11,8 +11,15 @@ import re
 
 import numpy as np
 
-from jaxloops.measure.compiled import _COLLECTIVE, _SHAPE, _dims, _dtype_bytes, _hlo_lines, _text
-from jaxloops.measure.compiled import _loop_computations
+from jaxloops.measure.compiled import (
+    _COLLECTIVE,
+    _SHAPE,
+    _dims,
+    _dtype_bytes,
+    _hlo_lines,
+    _loop_computations,
+    _text,
+)
 
 _REDUCTIONS = ("all-reduce", "reduce-scatter")
 _RING_SHARE = {  # bytes a ring sends per device, per byte of one device's result
