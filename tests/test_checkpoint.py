@@ -304,10 +304,33 @@ def test_checkpoint_from_8_devices_restores_onto_4(tmp_path):
     # Split where the devices divide an axis; the 10-value output bias is copied on each.
     for report in (saved, restored):
         assert report["split"]["params.dense_0.w"] and not report["split"]["params.dense_2.b"]
-    four = np.load(tmp_path / "4.npz")
-    params = checkpoint_worker.experiment("mlp", SIZES, CPU).init()[0]
-    reference = checkpoint.flat_arrays({"params": params})
-    assert equivalence.differing(dict(four), reference) == []
+    four = dict(np.load(tmp_path / "4.npz"))
+    params, opt_state = checkpoint_worker.experiment("mlp", SIZES, CPU).init()
+    reference = checkpoint.flat_arrays({"params": params, "opt_state": opt_state})
+    assert any(name.startswith("opt_state.") for name in four)  # the optimizer state too
+    assert equivalence.differing(four, reference) == []
+    # The checkpoint records the sharding it was saved with: the mesh, the spec, the chunk.
+    stored = checkpoint.stored_shardings(tmp_path / "ckpt", 0)["params.dense_0.w"]
+    assert stored["sharding_type"] == "NamedSharding" and stored["axis_names"] == ["data"]
+    assert stored["partition_spec"] == ["data"]
+    assert [d["id"] for d in stored["device_mesh"]["mesh"]] == list(range(8))
+    assert stored["chunk_shape"] == [64 // 8, SIZES.loop.hidden[0]]
+
+
+def test_the_unfinished_save_of_a_killed_run_is_deleted_by_the_next_save(tmp_path):
+    unfinished = tmp_path / f"3{checkpoint.TMP_SUFFIX}"
+    unfinished.mkdir(parents=True)
+    (unfinished / "half-written").write_bytes(b"cut off")
+    assert checkpoint.temporary_dirs(tmp_path) == [unfinished.name]
+    manager = save_steps(tmp_path, [4], keep_last=2)
+    assert checkpoint.temporary_dirs(tmp_path) == [] and manager.all_steps() == [4]
+
+
+def test_the_save_interval_writes_only_its_multiples(tmp_path):
+    manager = save_steps(tmp_path, range(1, 8), keep_last=10, every=3)
+    assert manager.all_steps() == [3, 6]
+    with pytest.raises(ValueError, match="every must be >= 1, got 0"):
+        checkpoint.checkpoint_manager(tmp_path / "never", keep_last=1, every=0)
 
 
 def test_unknown_model_is_named():

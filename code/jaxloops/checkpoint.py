@@ -5,7 +5,9 @@ StandardSave item, "state") and the epoch reached (one JsonSave item, "progress"
 order is `fold_in(key, e)`, so `fit(..., start_epoch=epoch)` replays the uninterrupted run.
 """
 
+import base64
 import errno
+import json
 import pathlib
 import re
 import warnings
@@ -17,6 +19,8 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
 from jaxloops.loop import Hook
+
+TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's name for a step directory still being written
 
 
 class BrokenCheckpointWarning(UserWarning):
@@ -33,15 +37,22 @@ class Restored(NamedTuple):
 
 
 def checkpoint_manager(
-    directory, *, keep_last: int, best_metric: str | None = None
+    directory, *, keep_last: int, best_metric: str | None = None, every: int = 1
 ) -> ocp.CheckpointManager:
     """A CheckpointManager over `directory` that saves asynchronously.
 
     Keeps the `keep_last` newest checkpoints and, if `best_metric` is given, also the one
-    with the lowest value of that metric (e.g. "val_loss"); deletes the rest.
+    with the lowest value of that metric (e.g. "val_loss"); deletes the rest. On creation it
+    deletes the temporary directories of saves that never completed.
+
+    Args:
+      every: the save interval: `save(step)` writes only when step is a multiple of it
+        (and returns False otherwise).
     """
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+    if every < 1:
+        raise ValueError(f"every must be >= 1, got {every}")
     keep = [checkpoint_managers.LatestN(n=keep_last)]
     if best_metric is not None:
         lowest = checkpoint_managers.BestN(
@@ -51,6 +62,8 @@ def checkpoint_manager(
     options = ocp.CheckpointManagerOptions(
         preservation_policy=checkpoint_managers.AnyPreservationPolicy(keep),
         enable_async_checkpointing=True,
+        cleanup_tmp_directories=True,  # a save cut off by a kill left one behind
+        save_decision_policy=checkpoint_managers.FixedIntervalPolicy(every),
     )
     handlers = {"state": ocp.StandardCheckpointHandler(), "progress": ocp.JsonCheckpointHandler()}
     return ocp.CheckpointManager(
@@ -223,3 +236,22 @@ def state_bytes(tree) -> int:
         else leaf.nbytes
         for leaf in leaves
     )
+
+
+def stored_shardings(directory, step: int) -> dict[str, dict]:
+    """What orbax (0.12.8) wrote about each array's sharding in a step: leaf name (as
+    `flat_arrays` names it) -> the `_sharding` record (its "sharding_type", "axis_names",
+    "partition_spec", "device_mesh") plus the "chunk_shape" each device wrote."""
+    state = pathlib.Path(directory) / str(step) / "state"
+    records = json.loads((state / "_sharding").read_text())
+    found = {base64.b64decode(k).decode(): json.loads(v) for k, v in records.items()}
+    for path in (state / "array_metadatas").iterdir():
+        for entry in json.loads(path.read_text())["array_metadatas"]:
+            meta = entry["array_metadata"]
+            found.setdefault(meta["param_name"], {})["chunk_shape"] = meta["chunk_shape"]
+    return found
+
+
+def temporary_dirs(directory) -> list[str]:
+    """The names of the unfinished saves' directories in `directory` (orbax's suffix)."""
+    return sorted(p.name for p in pathlib.Path(directory).iterdir() if p.name.endswith(TMP_SUFFIX))

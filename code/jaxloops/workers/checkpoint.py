@@ -7,8 +7,8 @@
       to --out as "i.params.dense_0.w", ...
   python -m jaxloops.workers.checkpoint mesh-save DIR --devices 8 --sizes JSON
   python -m jaxloops.workers.checkpoint mesh-restore DIR --devices 4 [--wait 60] --out f.npz
-      save the MLP's initial state split over 8 CPU devices (chapter 12's FSDP rule); restore
-      it onto 4 (--wait: started alongside mesh-save, wait up to that many seconds for its
+      save the MLP's initial state (params and optimizer state) split over 8 CPU devices
+      (chapter 12's FSDP rule); restore it onto 4 (--wait: started alongside mesh-save, wait up to that many seconds for its
       checkpoint).
 
 --sizes is `workers.sizes_json(sizes, "loop", "lm", "checkpoint")`: the parent's sizes. The
@@ -198,8 +198,9 @@ def mesh_save_or_restore(command: str, directory: str, devices: int, wait: float
     if command == "mesh-save":
         checkpoint.checkpoint_hook(manager, key)(0, params, opt_state)
         manager.wait_until_finished()
-        return {"params": params}
-    return {"params": checkpoint.restore_latest(manager, key, params, opt_state).params}
+        return {"params": params, "opt_state": opt_state}
+    restored = checkpoint.restore_latest(manager, key, params, opt_state)
+    return {"params": restored.params, "opt_state": restored.opt_state}
 
 
 def parse(argv=None) -> argparse.Namespace:
