@@ -8,8 +8,8 @@
   python -m jaxloops.workers.checkpoint mesh-save DIR --devices 8 --sizes JSON
   python -m jaxloops.workers.checkpoint mesh-restore DIR --devices 4 [--wait 60] --out f.npz
       save the MLP's initial state (params and optimizer state) split over 8 CPU devices
-      (chapter 12's FSDP rule); restore it onto 4 (--wait: started alongside mesh-save, wait up to that many seconds for its
-      checkpoint).
+      (chapter 12's FSDP rule); restore it onto 4 (--wait: started alongside mesh-save,
+      wait up to that many seconds for its checkpoint).
 
 --sizes is `workers.sizes_json(sizes, "loop", "lm", "checkpoint")`: the parent's sizes. The
 parent starts the process with `workers.cpu_env(devices)` (1 device for train). Each saved
