@@ -2,6 +2,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 
 import jax
@@ -141,6 +142,18 @@ def test_mismatched_structure_names_the_path(tmp_path):
         checkpoint.restore_latest(manager, key, extra, opt_state)
     with pytest.raises(ValueError, match=r"keep_last must be >= 1, got 0"):
         checkpoint.checkpoint_manager(tmp_path, keep_last=0)
+    # Another rank: the weight flattened to one axis.
+    flat = {"dense": {"w": jnp.zeros(35), "b": params["dense"]["b"]}}
+    with pytest.raises(
+        ValueError, match=r"dense\.w is saved as float32\[5, 7\], the target has float32\[35\]"
+    ):
+        checkpoint.restore_latest(manager, key, flat, optax.adamw(1e-3).init(flat))
+
+
+def test_a_target_sharded_over_more_axes_than_its_rank_is_refused_by_name():
+    mesh = jax.make_mesh((1,), ("data",), devices=jax.devices("cpu")[:1])
+    with pytest.raises(ValueError, match="rank at least 2, but was applied to a value of rank 1"):
+        jax.ShapeDtypeStruct((7,), "float32", sharding=jax.NamedSharding(mesh, jax.P("data", None)))
 
 
 def test_retention_keeps_the_last_and_the_best(tmp_path):
@@ -209,10 +222,19 @@ def run_mlp(root) -> dict:
         "checkpoint", "train", f"mlp:{root / 'killed'}", "--epochs", EPOCHS, "--slow", 0.5,
         *SIZES_ARG,
     )  # fmt: skip
+    warned = workers.command(
+        "checkpoint", "train", f"mlp:{root / 'warned'}", "--epochs", EPOCHS, "--every", 100,
+        "--slow", 1.0, *SIZES_ARG,
+    )  # fmt: skip
     with concurrent.futures.ThreadPoolExecutor() as pool:  # the killed run trains meanwhile
         killing = pool.submit(
             checkpoint_worker.kill_after, command, f"mlp: saved epoch {KILL}", workers.cpu_env(1)
         )
+        # ... and one sent SIGTERM after its first epoch, which it trained without saving.
+        terminating = pool.submit(
+            checkpoint_worker.kill_after, warned, "mlp: trained epoch 1", workers.cpu_env(1),
+            signal.SIGTERM,
+        )  # fmt: skip
         manager = checkpoint.checkpoint_manager(root / "stopped", keep_last=2)
         jaxloops.fit(
             run.key, *run.init(), run.train_step, run.data, batch_size=run.batch_size,
@@ -224,12 +246,15 @@ def run_mlp(root) -> dict:
             epochs=EPOCHS, epochs_per_call=1,
         )  # fmt: skip
         status, printed = killing.result()
+        term_status, term_printed = terminating.result()
+    warned_steps = checkpoint.checkpoint_manager(root / "warned", keep_last=2).all_steps()
     finished = train_in_new_process(
-        f"mlp:{root / 'stopped'}", f"mlp:{root / 'killed'}", "--epochs", EPOCHS,
-        "--out", root / "final.npz",
+        f"mlp:{root / 'stopped'}", f"mlp:{root / 'killed'}", f"mlp:{root / 'warned'}",
+        "--epochs", EPOCHS, "--out", root / "final.npz",
     )  # fmt: skip
     return dict(
         status=status, printed=printed, stdout=finished.stdout, final=str(root / "final.npz"),
+        term_status=term_status, term_printed=term_printed, warned_steps=warned_steps,
         uninterrupted=uninterrupted_npz(root, params, opt_state),
     )  # fmt: skip
 
@@ -259,7 +284,8 @@ def run_transformer(root) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("runs", "index"), [("mlp_runs", 0), ("mlp_runs", 1), ("transformer_runs", 0)]
+    ("runs", "index"),
+    [("mlp_runs", 0), ("mlp_runs", 1), ("mlp_runs", 2), ("transformer_runs", 0)],
 )
 def test_resumed_run_equals_the_uninterrupted_run_bit_for_bit(request, runs, index):
     """Run `index` of the resuming process (0: the stopped run, 1: the killed one)."""
@@ -283,6 +309,16 @@ def test_the_killed_run_was_killed_and_resumed_from_its_checkpoint(mlp_runs):
     assert starts[0] == f"mlp: starting at epoch {STOP}"  # the stopped run, where it stopped
     # The save of epoch KILL may have been cut off; the one before it had finished.
     assert starts[1] in {f"mlp: starting at epoch {KILL}", f"mlp: starting at epoch {KILL - 1}"}
+
+
+def test_sigterm_saves_the_epoch_it_is_in_and_exits_cleanly(mlp_runs):
+    """Saving only every 100 epochs (never, in its EPOCHS), the warned run saved the epoch
+    SIGTERM found it in and left with status 0."""
+    assert mlp_runs["term_status"] == 0, mlp_runs["term_printed"]
+    last = mlp_runs["term_printed"][-1]
+    assert last.startswith("mlp: SIGTERM, saved epoch "), mlp_runs["term_printed"]
+    epoch = int(last.rsplit(" ", 1)[1])
+    assert 1 <= epoch <= EPOCHS and mlp_runs["warned_steps"] == [epoch]
 
 
 def test_checkpoint_from_8_devices_restores_onto_4(tmp_path):

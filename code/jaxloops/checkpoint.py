@@ -71,13 +71,17 @@ def checkpoint_manager(
     )
 
 
-def checkpoint_hook(manager: ocp.CheckpointManager, key: jax.Array, evaluate=None) -> Hook:
+def checkpoint_hook(
+    manager: ocp.CheckpointManager, key: jax.Array, evaluate=None, force=None
+) -> Hook:
     """A `fit` hook that saves a checkpoint, step = epoch, after every compiled call.
 
     Args:
       key: the data-order key given to `fit` (a typed key, saved with the state).
       evaluate: optional `evaluate(params) -> {"val_loss": ...}`; its metrics are saved
         with the checkpoint (for keeping the best) and returned to `fit`'s History.
+      force: optional `force() -> bool`: True saves this epoch whatever the save interval
+        (a preemption notice has come).
     """
 
     def hook(epoch, params, opt_state):
@@ -91,6 +95,7 @@ def checkpoint_hook(manager: ocp.CheckpointManager, key: jax.Array, evaluate=Non
                 state=ocp.args.StandardSave(state), progress=ocp.args.JsonSave({"epoch": epoch})
             ),
             metrics=metrics,
+            force=force is not None and force(),
         )
         # save() returns once the arrays are copied to the host; the write to disk goes on
         # in a background thread, so fit may donate params and opt_state to its next call.

@@ -227,21 +227,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_processes(out_dir, *, num_processes: int, devices_per_process: int, sizes):
+def run_processes(out_dir, *, num_processes: int, devices_per_process: int, sizes, save=None):
     """Launches `python -m jaxloops.workers.sharding` once per process on localhost.
 
     Each worker starts JAX on the CPU with `devices_per_process` devices, joins the others
     through `jax.distributed.initialize`, trains data parallel with `fit` at `sizes` (a
-    `ShardingSizes`) and process 0 writes the parameters to `out_dir/params.npz`.
+    `ShardingSizes`) and process 0 writes the parameters to `out_dir/params.npz`; with
+    `save` (a directory), all processes then save one orbax checkpoint there together.
 
     Returns:
-      Those parameters, named as `checkpoint.flat_arrays` names them, and "loss" per epoch.
+      The parameters and ("opt_state. ...") the optimizer state, named as
+      `checkpoint.flat_arrays` names them, and "loss" per epoch.
     """
     from jaxloops import workers  # the workers build on this module
 
     port, part = _free_port(), workers.sizes_json(sharding=sizes)
     common = [f"--port={port}", f"--processes={num_processes}", f"--sizes={part}"]
     common += [f"--devices={devices_per_process}", f"--out={out_dir}"]
+    common += [] if save is None else [f"--checkpoint={save}"]
     env = workers.cpu_env(devices_per_process)
     processes = [
         subprocess.Popen(

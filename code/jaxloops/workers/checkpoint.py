@@ -1,10 +1,11 @@
 """The training process that chapter 13 and its tests stop, kill and restart.
 
   python -m jaxloops.workers.checkpoint train mlp:DIR [transformer:DIR2 ...] --sizes JSON
-      --epochs 6 [--stop-at 3] [--out f.npz]
+      --epochs 6 [--stop-at 3] [--every 1] [--out f.npz]
       for each run: resumes from the newest good checkpoint in DIR (if any), trains to
-      --stop-at (default --epochs) saving after every epoch; writes the final leaves of run i
-      to --out as "i.params.dense_0.w", ...
+      --stop-at (default --epochs) saving every --every epochs; writes the final leaves of
+      run i to --out as "i.params.dense_0.w", ...; on SIGTERM saves the epoch it is in and
+      exits with status 0
   python -m jaxloops.workers.checkpoint mesh-save DIR --devices 8 --sizes JSON
   python -m jaxloops.workers.checkpoint mesh-restore DIR --devices 4 [--wait 60] --out f.npz
       save the MLP's initial state (params and optimizer state) split over 8 CPU devices
@@ -87,23 +88,36 @@ def experiment(model: str, sizes, device) -> Experiment:
     return Experiment(jax.device_put(fit_key, device), init, train_step, data, batch_size)
 
 
-def train(model: str, run: Experiment, directory: str, stop_at: int, keep_last: int, slow: float):
-    """Resumes from `directory` if it holds a good checkpoint, trains to `stop_at`, saving."""
+class Preempted(Exception):
+    """SIGTERM arrived: the epoch it names was saved, and the run stops."""
+
+
+def train(model: str, run: Experiment, directory: str, stop_at: int, keep_last: int, slow: float,
+          every: int = 1):  # fmt: skip
+    """Resumes from `directory` if it holds a good checkpoint, trains to `stop_at`, saving
+    every `every` epochs; on SIGTERM (a cluster's notice of preemption) saves the epoch it
+    is in at its end, whatever the interval, and raises Preempted."""
     import jaxloops
     from jaxloops import checkpoint
 
-    manager = checkpoint.checkpoint_manager(directory, keep_last=keep_last)
+    notices = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: notices.append(signum))
+    manager = checkpoint.checkpoint_manager(directory, keep_last=keep_last, every=every)
     restored = checkpoint.restore_latest(manager, run.key, *jax.eval_shape(run.init))
     if restored is None:
         start, key, (params, opt_state) = 0, run.key, run.init()
     else:
         start, key, params, opt_state = restored
     print(f"{model}: starting at epoch {start}", flush=True)
-    save = checkpoint.checkpoint_hook(manager, key)
+    save = checkpoint.checkpoint_hook(manager, key, force=lambda: bool(notices))
 
     def hook(epoch, params, opt_state):
         save(epoch, params, opt_state)
-        print(f"{model}: saved epoch {epoch}", flush=True)
+        if notices:
+            manager.wait_until_finished()  # on disk before the process goes
+            print(f"{model}: SIGTERM, saved epoch {epoch}", flush=True)
+            raise Preempted(epoch)
+        print(f"{model}: {'saved' if epoch % every == 0 else 'trained'} epoch {epoch}", flush=True)
         time.sleep(slow)  # a long run: leaves time to kill it between epochs
 
     params, opt_state, _ = jaxloops.fit(
@@ -115,8 +129,11 @@ def train(model: str, run: Experiment, directory: str, stop_at: int, keep_last: 
     return {"params": params, "opt_state": opt_state}
 
 
-def kill_after(command: list[str], line: str, env: dict[str, str]) -> tuple[int, list[str]]:
-    """Starts `command` in environment `env` and kills it with SIGKILL once it prints `line`.
+def kill_after(
+    command: list[str], line: str, env: dict[str, str], sig: int = signal.SIGKILL
+) -> tuple[int, list[str]]:
+    """Starts `command` in environment `env` and sends it `sig` once it prints `line`:
+    SIGKILL kills it at once; after any other signal its output is read to the end.
 
     Returns:
       (its exit status: -9 if it was killed, the lines it printed).
@@ -128,8 +145,9 @@ def kill_after(command: list[str], line: str, env: dict[str, str]) -> tuple[int,
     for out in process.stdout:
         printed.append(out.rstrip("\n"))
         if printed[-1] == line:
-            os.kill(process.pid, signal.SIGKILL)  # no cleanup, no flush: as a preemption
-            break
+            os.kill(process.pid, sig)  # SIGKILL: no cleanup, no flush, as a lost machine
+            if sig == signal.SIGKILL:
+                break
     process.stdout.close()
     return process.wait(), printed
 
@@ -211,6 +229,7 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--stop-at", type=int, default=None)
     parser.add_argument("--keep-last", type=int, default=3)
+    parser.add_argument("--every", type=int, default=1, help="train: the save interval")
     parser.add_argument("--slow", type=float, default=0.0, help="seconds to sleep per epoch")
     parser.add_argument("--devices", type=int, default=1, help="CPU devices (set by cpu_env)")
     parser.add_argument("--out", default=None, help=".npz file for the final leaves")
@@ -233,7 +252,12 @@ def main(argv=None) -> int:
             model, _, directory = run.partition(":")
             if model not in runs:  # built once per model: one compiled train step each
                 runs[model] = experiment(model, sizes, jax.devices("cpu")[0])
-            state[str(i)] = train(model, runs[model], directory, stop_at, args.keep_last, args.slow)
+            try:
+                state[str(i)] = train(
+                    model, runs[model], directory, stop_at, args.keep_last, args.slow, args.every
+                )
+            except Preempted:
+                return 0  # saved: exit cleanly, as a cluster expects after SIGTERM
     else:
         (directory,) = args.runs
         state = mesh_save_or_restore(args.command, directory, args.devices, args.wait, sizes)

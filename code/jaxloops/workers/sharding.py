@@ -29,7 +29,7 @@ def train(process: int, processes: int, sizes):
     """Trains data parallel over every process's CPU devices; this process feeds its rows.
 
     Returns:
-      (params, History): the parameters replicated on every device of the mesh.
+      (params, opt_state, History): replicated on every device of the mesh.
     """
     import jaxloops
     from jaxloops import sharding
@@ -40,8 +40,22 @@ def train(process: int, processes: int, sizes):
     x, y = split.train.x[: sizes.examples], split.train.y[: sizes.examples]
     local = jaxloops.Batch(x[mine], y[mine])
     key = jax.random.key(0)
-    params, _, history = sharding.fit_data_parallel(key, mesh, local, sizes.examples, sizes)
-    return params, history
+    params, opt_state, history = sharding.fit_data_parallel(key, mesh, local, sizes.examples, sizes)
+    return params, opt_state, history
+
+
+def save_together(directory, params, opt_state, epoch: int) -> None:
+    """Every process calls this: one orbax checkpoint of the replicated state, written
+    together (each array once, by the process that holds its first copy)."""
+    from jaxloops import checkpoint, sharding
+
+    mesh = params["dense_0"]["w"].sharding.mesh
+    key_data = sharding.place(mesh, jax.P(), jax.random.key_data(jax.random.key(0)))
+    manager = checkpoint.checkpoint_manager(directory, keep_last=1)
+    save = checkpoint.checkpoint_hook(manager, jax.random.wrap_key_data(key_data))
+    save(epoch, params, opt_state)
+    manager.wait_until_finished()
+    manager.close()
 
 
 def main(argv=None) -> None:
@@ -52,6 +66,7 @@ def main(argv=None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--sizes", required=True, help="JSON of the chapter's sharding part")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--checkpoint", default=None, help="directory: save the state together")
     args = parser.parse_args(argv)
 
     # Before the backend starts: how CPUs talk to each other across processes.
@@ -65,9 +80,12 @@ def main(argv=None) -> None:
 
     workers.check_cpu_devices(args.devices)
     sizes = workers.sizes_from_json(args.sizes).sharding
-    params, history = train(args.process, args.processes, sizes)
+    params, opt_state, history = train(args.process, args.processes, sizes)
+    if args.checkpoint is not None:
+        save_together(args.checkpoint, params, opt_state, sizes.epochs)
     if args.process == 0:
         flat = checkpoint.flat_arrays(params)
+        flat |= checkpoint.flat_arrays({"opt_state": opt_state})
         np.savez(f"{args.out}/params.npz", loss=history.train["loss"], **flat)
     # Every process has its results: meet once more, then leave without tearing down the
     # coordinator's gRPC server (jax.distributed.shutdown() on CPU aborted the coordinator now
