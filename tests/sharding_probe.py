@@ -154,11 +154,31 @@ def processes(report, mesh, split, out_dir):
     """Data parallel with `fit` in this process and on two processes of four devices."""
     n = SIZES.examples
     train = jaxloops.Batch(split.train.x[:n], split.train.y[:n])
-    trained, _, _ = jaxloops.fit_data_parallel(jax.random.key(0), mesh, train, n, SIZES)
+    trained, opt_state, _ = jaxloops.fit_data_parallel(jax.random.key(0), mesh, train, n, SIZES)
     one_process = jaxloops.checkpoint.flat_arrays(trained)
-    two = sharding.run_processes(out_dir, num_processes=2, devices_per_process=4, sizes=SIZES)
+    saved = f"{out_dir}/checkpoint"
+    two = sharding.run_processes(
+        out_dir, num_processes=2, devices_per_process=4, sizes=SIZES, save=saved
+    )
     report["process_diff"] = max(float(np.max(np.abs(one_process[k] - two[k]))) for k in two
                                  if k in one_process)  # fmt: skip
+    # The checkpoint both processes saved, restored here into either strategy.
+    state = {k: a for k, a in two.items() if k != "loss"}
+    shapes = jax.eval_shape(lambda: (trained, opt_state))
+    report["restored"] = {}
+    for kind in ("dp", "fsdp"):
+        specs = jaxloops.strategy_specs(shapes, kind, mesh)
+        at = lambda a, s: jax.ShapeDtypeStruct(
+            a.shape, a.dtype, sharding=jax.NamedSharding(mesh, s)
+        )
+        manager = jaxloops.checkpoint_manager(saved, keep_last=1)
+        back = jaxloops.restore_latest(manager, jax.random.key(0), *jax.tree.map(at, shapes, specs))
+        flat = jaxloops.checkpoint.flat_arrays({"opt_state": back.opt_state})
+        flat |= jaxloops.checkpoint.flat_arrays(back.params)
+        report["restored"][kind] = {
+            "differing": equivalence.differing(flat, state), "arrays": len(flat),
+            "state_bytes": sharding.device_bytes((back.params, back.opt_state)),
+        }  # fmt: skip
 
 
 def main(out_dir: str) -> None:

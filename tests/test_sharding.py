@@ -78,6 +78,15 @@ def test_two_processes_train_the_same_parameters_as_one(report):
     assert report["process_diff"] <= 1e-5, report["process_diff"]
 
 
+def test_the_two_processes_checkpoint_restores_here_into_either_strategy(report):
+    """Saved together by two processes (data parallel), restored onto this process's 8
+    devices as data parallel and as FSDP: parameters and optimizer state identical."""
+    dp, fsdp_ = report["restored"]["dp"], report["restored"]["fsdp"]
+    assert dp["differing"] == [] and fsdp_["differing"] == []
+    assert dp["arrays"] == fsdp_["arrays"] > 6  # the 6 parameters and Adam's state
+    assert dp["state_bytes"] >= 7 * fsdp_["state_bytes"]  # FSDP's placement, split 8 ways
+
+
 def test_bad_inputs_name_the_sizes(report):
     errors = report["errors"]
     assert "9" in errors["mesh"] and "8 are available" in errors["mesh"]
