@@ -123,6 +123,4 @@ def shard_map_fsdp_grad(mesh: Mesh, specs) -> Callable:
         loss = lambda p: stack_loss(p, batch, gather)[0] / n  # per device: mean of B / n rows
         return jax.grad(loss)(params)
 
-    return jax.shard_map(
-        local, mesh=mesh, in_specs=(specs, jax.P(DATA)), out_specs=specs, check_vma=False
-    )
+    return jax.shard_map(local, mesh=mesh, in_specs=(specs, jax.P(DATA)), out_specs=specs)
