@@ -17,6 +17,8 @@ from jaxloops.text import VOCAB_SIZE
 from jaxloops.train import make_optimizer, make_train_step
 from jaxloops.transformer import TransformerConfig, init_transformer, transformer_loss
 
+PROGRAMS = ("forward", "gradient", "step")
+
 
 def step_programs(sizes: tuple[int, ...], key: jax.Array) -> dict:
     """The compiled forward loss, value-and-gradient and AdamW train step of a transformer of
@@ -57,11 +59,11 @@ def step_rates(programs: dict, rounds: int) -> dict:
        "flops_per_s", "ceiling": the raised matmul ceiling, "of_ceiling", "gradient_over_forward"}.
     """
     roof = roofline()
-    runs = {name: (lambda c=c, a=a: c(*a)) for name, (c, a) in programs.items() if name != "tokens"}
+    runs = {name: (lambda c=programs[name][0], a=programs[name][1]: c(*a)) for name in PROGRAMS}
     runs[MATMUL] = ceiling_runs(jax.random.key(1), matmul_size=roof.matmul_size)[MATMUL]
     samples = interleaved_samples(runs, rounds)
     roof = raise_roofline(flops_samples=[2.0 * roof.matmul_size**3 / s for s in samples[MATMUL]])
-    seconds = {name: statistics.median(samples[name]) for name in runs if name != MATMUL}
+    seconds = {name: statistics.median(samples[name]) for name in PROGRAMS}
     flops = costs_of(programs["step"][0])["flops"]
     rate = flops / seconds["step"]
     return {
