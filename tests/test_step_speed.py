@@ -33,3 +33,16 @@ def test_the_breakdown_groups_every_matmul_of_the_step(programs):
     L, D, N, K, F, T, B = TINY
     assert groups["matmul: MLP"]["flops"] == 3 * 2 * B * T * 2 * D * F * L
     assert all(g["predicted"] > 0 for g in groups.values() if g["bytes"])
+
+
+def test_summary_adds_up_the_groups_and_names_the_furthest_above_its_prediction():
+    groups = {
+        "matmul: MLP": {"seconds": 3.0, "predicted": 2.5, "flops": 10.0},
+        "attention": {"seconds": 2.0, "predicted": 0.5, "flops": 4.0},
+        "norms": {"seconds": 1.0, "predicted": 0.9, "flops": 0.0},
+    }
+    told = step_speed.summary({}, groups)
+    assert told["traced"] == 6.0 and told["predicted"] == pytest.approx(3.9)
+    assert told["matmul_share"] == 0.5 and told["dot_flops"] == 14.0
+    assert told["worst"] == "attention"  # 1.5 s above, not the largest time (matmul: MLP)
+    assert (told["worst_traced"], told["worst_predicted"]) == (2.0, 0.5)

@@ -84,3 +84,34 @@ def step_breakdown(programs: dict, tries: int = 3) -> dict[str, dict]:
     seconds = breakdown.kernel_seconds(compiled, *args, tries=tries)
     kernels = breakdown.kernels_of(compiled)
     return breakdown.grouped(kernels, seconds, breakdown.transformer_group, roofline())
+
+
+def summary(rates: dict, groups: dict[str, dict]) -> dict:
+    """What chapter 11 states about one breakdown: the traced and predicted kernel time in
+    all, the matmul groups' share of the traced time, the kernels' matmul FLOPs against the
+    compiler's count, and the group furthest above its prediction."""
+    traced = sum(g["seconds"] for g in groups.values())
+    matmuls = sum(g["seconds"] for name, g in groups.items() if name.startswith("matmul"))
+    worst = max(groups, key=lambda name: groups[name]["seconds"] - groups[name]["predicted"])
+    return {
+        "traced": traced,
+        "predicted": sum(g["predicted"] for g in groups.values()),
+        "matmul_share": matmuls / traced if traced else 0.0,
+        "dot_flops": sum(g["flops"] for g in groups.values()),
+        "worst": worst,
+        "worst_traced": groups[worst]["seconds"],
+        "worst_predicted": groups[worst]["predicted"],
+    }
+
+
+def draw_breakdown(ax, groups: dict[str, dict], title: str) -> None:
+    """Each group's traced and roofline milliseconds as paired horizontal bars."""
+    names = list(groups)[::-1]
+    y = range(len(names))
+    ax.barh([i + 0.2 for i in y], [1e3 * groups[n]["seconds"] for n in names], 0.4,
+            label="traced")  # fmt: skip
+    ax.barh([i - 0.2 for i in y], [1e3 * groups[n]["predicted"] for n in names], 0.4,
+            label="at the roofline")  # fmt: skip
+    ax.set_yticks(list(y), names, fontsize=8)
+    ax.set(xlabel="milliseconds per step (kernels summed)", title=title)
+    ax.legend(fontsize=8)
