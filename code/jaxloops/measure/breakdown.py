@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import jax
 
-from jaxloops.measure.compiled import _dtype_bytes, _hlo_lines, _text
+from jaxloops.measure.compiled import dtype_bytes, hlo_lines, program_text
 from jaxloops.measure.profile import device_op_seconds, trace_spans
 
 _NAMED = re.compile(r'^(\d+) "(.*)"$')
@@ -80,7 +80,7 @@ def _tables(text: str) -> dict[int, tuple[tuple[str, ...], str]]:
 
 
 def _shape_bytes(shape: str) -> int:
-    return sum(math.prod(int(d) for d in dims.split(",") if d) * _dtype_bytes(dtype)
+    return sum(math.prod(int(d) for d in dims.split(",") if d) * dtype_bytes(dtype)
                for dtype, dims in _SHAPES.findall(shape))  # fmt: skip
 
 
@@ -88,7 +88,7 @@ def _dot_flops(text: str) -> dict[tuple[str, str], float]:
     """FLOPs of each instruction: its dot's 2 x output elements x contracted length, or the
     dots of the computations it calls (a fusion), keyed by (computation, instruction)."""
     shapes, own, calls = {}, {}, {}
-    for computation, line in _hlo_lines(text):
+    for computation, line in hlo_lines(text):
         if not (m := _PARAM.match(line)):
             continue
         name = m[1]
@@ -114,12 +114,12 @@ def _dot_flops(text: str) -> dict[tuple[str, str], float]:
 def kernels_of(program) -> list[Kernel]:
     """The kernels of a compiled program (or its HLO text), in program order; parameters,
     tuples and other bookkeeping left out."""
-    text = _text(program)
+    text = program_text(program)
     if "ENTRY" not in text:
         raise ValueError("no ENTRY computation in this text: pass compiled.as_text()")
     frames, flops = _tables(text), _dot_flops(text)
     shapes, kernels = {}, []
-    for computation, line in _hlo_lines(text):
+    for computation, line in hlo_lines(text):
         m = _LINE.match(line)
         if computation != "ENTRY" or not m:
             continue
