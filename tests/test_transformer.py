@@ -205,3 +205,17 @@ def test_dense_layers_equal_the_einsum_model_within_rounding(params, tokens):
     wrong["block_1"]["attention"]["key"] = jnp.flip(params["block_1"]["attention"]["key"], 1)
     wrong_loss, wrong_grads = model(wrong)
     assert not close_within(want_grads, wrong_grads, terms)["ok"]
+
+
+def test_dense_layers_compile_to_fewer_transposing_copies_than_the_einsums(params, tokens):
+    from jaxloops.measure import breakdown
+
+    batch = Batch(x=tokens, y=jnp.roll(tokens, -1, axis=1))
+
+    def copy_bytes(loss):
+        program = jax.jit(jax.grad(loss)).lower(params).compile()
+        kernels = breakdown.kernels_of(program)
+        return sum(k.bytes for k in kernels if breakdown.transformer_group(k).startswith("copies"))
+
+    dense_bytes = copy_bytes(lambda p: transformer_loss(p, batch)[0])
+    assert dense_bytes < copy_bytes(lambda p: einsum_loss(p, batch))
