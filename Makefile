@@ -20,7 +20,7 @@ MATHJAX_TMP := _build/mathjax-download
 HTML ?= _build/html
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: book test clean venv mathjax browser-test chapter lab lint
+.PHONY: book test clean venv mathjax browser-test chapter lab lint bench
 
 venv: $(VENV)/.installed
 
@@ -63,6 +63,10 @@ test: venv
 	  $(BIN)/python -m pytest -n auto --durations=10
 
 # ruff, configured in pyproject.toml: lint and format check of the package, tests and scripts.
+# The transformer step's tokens/s and fraction of the matmul ceiling (a benchmark, not a test).
+bench: venv
+	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
+
 lint: $(VENV)/.lint-installed
 	$(BIN)/ruff check code tests scripts
 	$(BIN)/ruff format --check code tests scripts

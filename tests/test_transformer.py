@@ -14,6 +14,7 @@ from jaxloops.backend import experiment_sizes
 from jaxloops.blockwise import blockwise_attention
 from jaxloops.data import Batch
 from jaxloops.loop import make_epoch
+from jaxloops.memory import close_within, rounding_terms
 from jaxloops.text import VOCAB_SIZE, load_stdlib_corpus, sample_windows
 from jaxloops.train import make_optimizer, make_train_step
 from jaxloops.transformer import (
@@ -22,6 +23,7 @@ from jaxloops.transformer import (
     embed,
     init_transformer,
     project_qkv,
+    rms_norm,
     transformer_logits,
     transformer_loss,
 )
@@ -170,3 +172,50 @@ def test_the_sizes_build_the_config_in_its_own_words():
     )
     with pytest.raises(ValueError, match="vocab_size must be a positive int, got 0"):
         TransformerConfig.from_sizes(lm, 0)
+
+
+def einsum_loss(params, batch):
+    """The model as chapter 11 first wrote it, every projection a 3-D einsum: the reference
+    for `dense`, which computes the same contractions as 2-D matmuls."""
+    x = embed(params, batch.x)  # (B, T, D)
+    for i in range(2):
+        attn, mlp = params[f"block_{i}"]["attention"], params[f"block_{i}"]["mlp"]
+        h = rms_norm(attn["norm"], x)
+        q = jnp.einsum("BTD,DNH->BTNH", h, attn["query"])
+        k = jnp.einsum("BTD,DKH->BTKH", h, attn["key"])
+        v = jnp.einsum("BTD,DKH->BTKH", h, attn["value"])
+        out = attention(q, k, v, is_causal=True)  # (B, T, N, H)
+        x = x + jnp.einsum("BTNH,NHD->BTD", out, attn["out"])
+        h = jnp.einsum("BTD,DF->BTF", rms_norm(mlp["norm"], x), mlp["w_in"])
+        x = x + jnp.einsum("BTF,FD->BTD", jax.nn.gelu(h), mlp["w_out"])
+    logits = jnp.einsum("BTD,DV->BTV", rms_norm(params["norm"], x), params["unembed"]["w"])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch.y).mean()
+
+
+def test_dense_layers_equal_the_einsum_model_within_rounding(params, tokens):
+    batch = Batch(x=tokens, y=jnp.roll(tokens, -1, axis=1))
+    model = jax.jit(jax.value_and_grad(lambda p: transformer_loss(p, batch)[0]))
+    reference = jax.jit(jax.value_and_grad(lambda p: einsum_loss(p, batch)))
+    terms = rounding_terms(GQA, tokens.shape[1])
+    (loss, grads), (want, want_grads) = model(params), reference(params)
+    assert close_within(want, loss, terms)["ok"]
+    assert close_within(want_grads, grads, terms)["ok"]
+    # A known-wrong model (one projection's weight transposed in its head axes) is rejected.
+    wrong = jax.tree.map(lambda a: a, params)
+    wrong["block_1"]["attention"]["key"] = jnp.flip(params["block_1"]["attention"]["key"], 1)
+    wrong_loss, wrong_grads = model(wrong)
+    assert not close_within(want_grads, wrong_grads, terms)["ok"]
+
+
+def test_dense_layers_compile_to_fewer_transposing_copies_than_the_einsums(params, tokens):
+    from jaxloops.measure import breakdown
+
+    batch = Batch(x=tokens, y=jnp.roll(tokens, -1, axis=1))
+
+    def copy_bytes(loss):
+        program = jax.jit(jax.grad(loss)).lower(params).compile()
+        kernels = breakdown.kernels_of(program)
+        return sum(k.bytes for k in kernels if breakdown.transformer_group(k).startswith("copies"))
+
+    dense_bytes = copy_bytes(lambda p: transformer_loss(p, batch)[0])
+    assert dense_bytes < copy_bytes(lambda p: einsum_loss(p, batch))

@@ -69,6 +69,7 @@ class LanguageModelSizes:
     learning_rate: float
     weight_decay: float
     decode_batch: int  # sequences generated at once
+    speed: tuple[int, ...]  # (L, D, N, K, F, T, B) of the train step chapter 11 times
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +175,7 @@ _CPU = Sizes(
         learning_rate=3e-3,
         weight_decay=0.1,
         decode_batch=8,
+        speed=(2, 128, 4, 2, 512, 128, 16),
     ),
     sharding=ShardingSizes(
         devices=8,
@@ -253,6 +255,7 @@ _GPU = Sizes(
         learning_rate=1e-3,
         weight_decay=0.1,
         decode_batch=8,
+        speed=(4, 256, 8, 2, 1024, 256, 16),
     ),
     sharding=ShardingSizes(
         devices=8,  # 8 GPUs of one host, or 8 simulated CPU devices where fewer are found

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from jaxloops.attention import attention, attention_weights
 from jaxloops.data import Batch
+from jaxloops.dropout import check_rate, dropout
 from jaxloops.initializers import draw_normal
 from jaxloops.kvcache import decode_step, init_kv_cache
 from jaxloops.losses import accuracy, check_ids, cross_entropy, known_value
@@ -33,10 +34,14 @@ class TransformerConfig:
     num_kv_heads: int  # K key/value heads: K = N is MHA, 1 < K < N GQA, K = 1 MQA
     hidden_dim: int  # F, the MLP's width
     max_len: int  # rows of the position table: the longest sequence the model can read
+    dropout_rate: float = 0.0  # of each residual branch in training (`make_dropout_train_step`)
 
     def __post_init__(self):
+        check_rate(self.dropout_rate)
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
+            if field.name == "dropout_rate":
+                continue
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{field.name} must be a positive int, got {value!r}")
         if self.model_dim % self.num_heads:
@@ -53,7 +58,7 @@ class TransformerConfig:
     @classmethod
     def from_sizes(cls, sizes, vocab_size: int) -> "TransformerConfig":
         """The model of `experiment_sizes().lm` (a `LanguageModelSizes`) for `vocab_size`."""
-        names = [f.name for f in dataclasses.fields(cls) if f.name != "vocab_size"]
+        names = [f.name for f in dataclasses.fields(cls) if hasattr(sizes, f.name)]
         return cls(vocab_size=vocab_size, **{name: getattr(sizes, name) for name in names})
 
     @property
@@ -108,6 +113,19 @@ def rms_norm(params: Params, x: jax.Array, eps: float = 1e-6) -> jax.Array:
     return (x32 * scale).astype(x.dtype)
 
 
+def dense(x: jax.Array, w: jax.Array, axes: int = 1) -> jax.Array:
+    """x (..., *in) times w (*in, *out), contracting the `axes` trailing axes of x with the
+    leading ones of w, as one 2-D matmul: (rows, prod in) @ (prod in, prod out).
+
+    The same numbers as `jnp.einsum`; the 2-D form is what XLA's CPU matmuls take without
+    the transposing copies its backward pass makes for a 3-D einsum (chapter 11 measures).
+    """
+    lead, inner = x.shape[: x.ndim - axes], x.shape[x.ndim - axes :]
+    size = math.prod(inner)
+    out = x.reshape(-1, size) @ w.reshape(size, -1)  # (rows, in) @ (in, out)
+    return out.reshape(lead + w.shape[axes:])  # (..., *out)
+
+
 def project_qkv(params: Params, x: jax.Array):
     """The pre-norm and the query, key and value projections of an attention block.
 
@@ -115,13 +133,13 @@ def project_qkv(params: Params, x: jax.Array):
       query (B, T, N, H), key (B, T, K, H), value (B, T, K, H).
     """
     h = rms_norm(params["norm"], x)  # (B, T, D)
-    query = jnp.einsum("BTD,DNH->BTNH", h, params["query"])  # (B, T, N, H)
-    key = jnp.einsum("BTD,DKH->BTKH", h, params["key"])  # (B, T, K, H)
-    value = jnp.einsum("BTD,DKH->BTKH", h, params["value"])  # (B, T, K, H)
+    query = dense(h, params["query"])  # (B, T, D) @ (D, N, H) -> (B, T, N, H)
+    key = dense(h, params["key"])  # (B, T, D) @ (D, K, H) -> (B, T, K, H)
+    value = dense(h, params["value"])  # (B, T, D) @ (D, K, H) -> (B, T, K, H)
     return query, key, value
 
 
-def attention_block(params: Params, x: jax.Array, cache=None, start=0, attend=attention):
+def attention_block(params: Params, x: jax.Array, cache=None, start=0, attend=attention, drop=None):
     """x + causal GQA attention of norm(x). With a cache, the T new tokens sit at
     positions start..start+T-1 and attend to every position written so far.
 
@@ -131,6 +149,7 @@ def attention_block(params: Params, x: jax.Array, cache=None, start=0, attend=at
       start: where the T new positions begin in the cache (may be traced).
       attend: the causal attention used without a cache: `attention`, or any function
         with its signature, such as `blockwise_attention`.
+      drop: None, or (rate, key) of dropout on the branch's output (training only).
     Returns:
       (x (B, T, D), the cache with the new keys and values written in, or None).
     """
@@ -142,13 +161,16 @@ def attention_block(params: Params, x: jax.Array, cache=None, start=0, attend=at
             query, key, value, cache["key"], cache["value"], start
         )  # (B, T, N, H): chapter 10's step, T tokens at a time
         cache = {"key": cache_key, "value": cache_value}
-    return x + jnp.einsum("BTNH,NHD->BTD", out, params["out"]), cache  # (B, T, D)
+    out = dense(out, params["out"], axes=2)  # (B, T, N, H) @ (N, H, D) -> (B, T, D)
+    return x + (out if drop is None else dropout(out, *drop)), cache
 
 
-def mlp_block(params: Params, x: jax.Array) -> jax.Array:
-    """x + W_out gelu(W_in norm(x)), for x (B, T, D) with hidden width F."""
-    h = jnp.einsum("BTD,DF->BTF", rms_norm(params["norm"], x), params["w_in"])  # (B, T, F)
-    return x + jnp.einsum("BTF,FD->BTD", jax.nn.gelu(h), params["w_out"])  # (B, T, D)
+def mlp_block(params: Params, x: jax.Array, drop=None) -> jax.Array:
+    """x + W_out gelu(W_in norm(x)), for x (B, T, D) with hidden width F; `drop` as for
+    `attention_block`."""
+    h = dense(rms_norm(params["norm"], x), params["w_in"])  # (B, T, D) @ (D, F) -> (B, T, F)
+    out = dense(jax.nn.gelu(h), params["w_out"])  # (B, T, F) @ (F, D) -> (B, T, D)
+    return x + (out if drop is None else dropout(out, *drop))
 
 
 def check_tokens(params: Params, tokens, length: int | None = None) -> None:
@@ -191,18 +213,21 @@ def embed(params: Params, tokens: jax.Array, start=0) -> jax.Array:
     return rows + positions[None]  # (B, T, D) + (1, T, D)
 
 
-def apply_blocks(params: Params, x: jax.Array, cache=None, start=0, attend=attention):
-    """The L blocks, then the final norm and the unembedding: logits (B, T, V), cache."""
+def apply_blocks(params: Params, x: jax.Array, cache=None, start=0, attend=attention, drop=None):
+    """The L blocks, then the final norm and the unembedding: logits (B, T, V), cache.
+    `drop`: None, or (rate, key): block i's two branches use fold_in(key, 2 i) and 2 i + 1."""
     new_cache = []
     for i in range(num_blocks(params)):
         block = params[f"block_{i}"]
+        drops = [None if drop is None else (drop[0], jax.random.fold_in(drop[1], 2 * i + j))
+                 for j in range(2)]  # fmt: skip
         x, layer_cache = attention_block(
-            block["attention"], x, None if cache is None else cache[i], start, attend
+            block["attention"], x, None if cache is None else cache[i], start, attend, drops[0]
         )
         new_cache.append(layer_cache)
-        x = mlp_block(block["mlp"], x)
+        x = mlp_block(block["mlp"], x, drops[1])
     x = rms_norm(params["norm"], x)  # (B, T, D)
-    logits = jnp.einsum("BTD,DV->BTV", x, params["unembed"]["w"])  # (B, T, V)
+    logits = dense(x, params["unembed"]["w"])  # (B, T, D) @ (D, V) -> (B, T, V)
     return logits, (None if cache is None else tuple(new_cache))
 
 
@@ -247,12 +272,21 @@ def cached_logits(params: Params, tokens: jax.Array, cache, start):
     return apply_blocks(params, embed(params, tokens, start), cache, start)
 
 
-def transformer_loss(params: Params, batch: Batch, attend=attention):
+def transformer_loss(params: Params, batch: Batch, attend=attention, *, dropout_rate=0.0, key=None):
     """Mean next-token cross-entropy (nats) of x (B, T) against y (B, T), and accuracy.
 
     `attend` is the attention of every block (default `attention`; `blockwise_attention`
-    trains the same model without materialising the (T, S) scores)."""
-    logits = transformer_logits(params, batch.x, attend)  # (B, T, V)
+    trains the same model without materialising the (T, S) scores). With dropout_rate > 0
+    (training), `key` draws the dropout masks; at 0 no key is taken."""
+    check_rate(dropout_rate)
+    if dropout_rate == 0.0:
+        logits = transformer_logits(params, batch.x, attend)  # (B, T, V)
+    elif key is None:
+        raise ValueError(f"dropout_rate {dropout_rate} needs a key")
+    else:
+        check_tokens(params, batch.x)
+        x = embed(params, batch.x)  # (B, T, D)
+        logits, _ = apply_blocks(params, x, attend=attend, drop=(dropout_rate, key))
     V = logits.shape[-1]
     logits_V, labels = logits.reshape(-1, V), batch.y.reshape(-1)  # (B*T, V), (B*T,)
     return cross_entropy(logits_V, labels), {"accuracy": accuracy(logits_V, labels)}

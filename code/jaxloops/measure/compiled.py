@@ -61,11 +61,11 @@ _SHAPE = re.compile(r"(\w+)\[([\d,]*)\]")
 _BOOKKEEPING = {"parameter", "constant", "bitcast", "broadcast", "tuple", "get-tuple-element"}
 
 
-def _text(program) -> str:
+def program_text(program) -> str:
     return program if isinstance(program, str) else program.as_text()
 
 
-def _hlo_lines(text: str):
+def hlo_lines(text: str):
     """(computation, line) for each instruction line of compiled HLO text; the entry
     computation is named "ENTRY"."""
     computation = None
@@ -86,11 +86,11 @@ def entry_instructions(program) -> list[tuple[str, str, str]]:
     What runs as its own kernel: each `fusion` is one, and so is every instruction that XLA
     left outside a fusion (a `dot`, a `copy`). Parameters and tuples are bookkeeping.
     """
-    text = _text(program)
+    text = program_text(program)
     if "ENTRY" not in text:
         raise ValueError("no ENTRY computation in this text: pass compiled.as_text()")
     found = []
-    for computation, line in _hlo_lines(text):
+    for computation, line in hlo_lines(text):
         match = _ENTRY_INSTRUCTION.match(line) if computation == "ENTRY" else None
         if match:
             found.append((match.group(1), match.group(3), match.group(2)))
@@ -115,9 +115,9 @@ def fusions_of(program) -> list[dict]:
       tuple, with elements their product; where it runs ("once", or "loop" inside a while
       body); and the operations fused into it.
     """
-    text = _text(program)
+    text = program_text(program)
     ops, fusions = {}, []
-    for computation, line in _hlo_lines(text):
+    for computation, line in hlo_lines(text):
         fusion = _FUSION.match(line)
         if fusion:
             fusions.append((computation, *fusion.groups()))
@@ -159,17 +159,17 @@ def loop_copies(program, elements: int) -> int:
     """
     if elements < 1:
         raise ValueError(f"elements must be >= 1, got {elements}")
-    text = _text(program)
+    text = program_text(program)
     in_loop = _loop_computations(text)
     count = 0
-    for computation, line in _hlo_lines(text):
+    for computation, line in hlo_lines(text):
         copy = _COPY.match(line)
         if copy and computation in in_loop:
             count += math.prod(_dims(copy.group(1))) == elements
     return count
 
 
-def _dtype_bytes(dtype: str) -> int:
+def dtype_bytes(dtype: str) -> int:
     if dtype == "pred":
         return 1
     return int(re.sub(r"\D", "", dtype) or 32) // 8
@@ -183,9 +183,9 @@ def collectives(program) -> dict[str, tuple[int, int]]:
     bytes of all its arrays.
     """
     found: dict[str, tuple[int, int]] = {}
-    for result, kind in _COLLECTIVE.findall(_text(program)):
+    for result, kind in _COLLECTIVE.findall(program_text(program)):
         size = sum(
-            math.prod(_dims(dims)) * _dtype_bytes(dtype) for dtype, dims in _SHAPE.findall(result)
+            math.prod(_dims(dims)) * dtype_bytes(dtype) for dtype, dims in _SHAPE.findall(result)
         )
         ops, total = found.get(kind, (0, 0))
         found[kind] = (ops + 1, total + size)
@@ -195,4 +195,4 @@ def collectives(program) -> dict[str, tuple[int, int]]:
 def calls_target(program, target: str) -> bool:
     """True if a compiled program (or its HLO text) calls the custom-call `target`, e.g.
     cuDNN's fused attention, "__cudnn$fmha"."""
-    return target in _text(program)
+    return target in program_text(program)

@@ -1,0 +1,188 @@
+"""Where a compiled program's time goes: each kernel's traced time beside its roofline.
+
+A kernel is an instruction of the compiled program's ENTRY computation (a fusion, a library
+matmul, a copy): what runs as one unit. `kernels_of` reads, from the compiled HLO text, each
+kernel's FLOPs (its dots: 2 x output elements x contracted length), its bytes (operands and
+result, each once), the JAX operation it came from (`op_name`, with `transpose(` for the
+backward pass) and the innermost Python function that wrote it (the stack frame tables).
+`device_op_seconds` (profile.py) times each kernel from a profiler trace; `grouped` adds both
+up by a caller's rule and predicts each group's time at the roofline.
+"""
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable
+
+import jax
+
+from jaxloops.measure.compiled import dtype_bytes, hlo_lines, program_text
+from jaxloops.measure.profile import device_op_seconds, trace_spans
+
+_NAMED = re.compile(r'^(\d+) "(.*)"$')
+_LOCATION = re.compile(r"^(\d+) \{file_name_id=(\d+) function_name_id=(\d+) line=(\d+)")
+_FRAME = re.compile(r"^(\d+) \{file_location_id=(\d+) parent_frame_id=(\d+)")
+_LINE = re.compile(r"^\s*(?:ROOT )?%?([\w.-]+) = (\(.*?\)|\S+?)(?:\{[\d,]*\})? ([\w-]+)\((.*?)\)")
+_SHAPES = re.compile(r"(\w+)\[([\d,]*)\]")
+_CALLS = re.compile(r"calls=%?([\w.-]+)")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_FRAME_ID = re.compile(r"stack_frame_id=(\d+)")
+_DOT = re.compile(r"= \S+?\[([\d,]*)\]\S* dot\(%?([\w.-]+), .*lhs_contracting_dims=\{([\d,]*)\}")
+_PARAM = re.compile(r"^\s*(?:ROOT )?%?([\w.-]+) = \w+\[([\d,]*)\]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    name: str  # the ENTRY instruction, as the trace names it
+    opcode: str  # fusion, dot, copy, ...
+    op_name: str  # the JAX operation it came from, e.g. "jit(f)/transpose(jvp(...))/dot_general"
+    stack: tuple[str, ...]  # the Python functions that wrote it, innermost first
+    file: str  # the innermost function's file
+    flops: float
+    bytes: float
+
+    @property
+    def function(self) -> str:
+        """The innermost Python function that wrote it ("" when not recorded)."""
+        return self.stack[0] if self.stack else ""
+
+    @property
+    def backward(self) -> bool:
+        """Part of a gradient: JAX names the VJP's operations transpose(jvp(...))."""
+        return "transpose(" in self.op_name
+
+
+def _tables(text: str) -> dict[int, tuple[tuple[str, ...], str]]:
+    """stack_frame_id -> (functions innermost first, innermost file), from the tables XLA
+    prints above the module (a frame's parent is printed one above its id; 0: none)."""
+    files, functions, locations, frames, table = {}, {}, {}, {}, None
+    for line in text.splitlines():
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            table = line
+            continue
+        if not line or line[0].isspace() or table is None:
+            table = None if line.startswith(("ENTRY", "%", "HloModule")) else table
+            continue
+        if table in ("FileNames", "FunctionNames") and (m := _NAMED.match(line)):
+            (files if table == "FileNames" else functions)[int(m[1])] = m[2]
+        elif table == "FileLocations" and (m := _LOCATION.match(line)):
+            locations[int(m[1])] = (functions.get(int(m[3]), ""), files.get(int(m[2]), ""))
+        elif table == "StackFrames" and (m := _FRAME.match(line)):
+            frames[int(m[1])] = (locations.get(int(m[2]), ("", "")), int(m[3]) - 1)
+    stacks = {}
+    for frame, ((function, file), parent) in frames.items():
+        functions = [function]
+        while parent in frames and len(functions) < 64:
+            (caller, _), parent = frames[parent]
+            functions.append(caller)
+        stacks[frame] = (tuple(functions), file)
+    return stacks
+
+
+def _shape_bytes(shape: str) -> int:
+    return sum(math.prod(int(d) for d in dims.split(",") if d) * dtype_bytes(dtype)
+               for dtype, dims in _SHAPES.findall(shape))  # fmt: skip
+
+
+def _dot_flops(text: str) -> dict[tuple[str, str], float]:
+    """FLOPs of each instruction: its dot's 2 x output elements x contracted length, or the
+    dots of the computations it calls (a fusion), keyed by (computation, instruction)."""
+    shapes, own, calls = {}, {}, {}
+    for computation, line in hlo_lines(text):
+        if not (m := _PARAM.match(line)):
+            continue
+        name = m[1]
+        shapes[(computation, name)] = [int(d) for d in m[2].split(",") if d]
+        if dot := _DOT.search(line):
+            lhs = shapes.get((computation, dot[2]), [])
+            contracted = math.prod(lhs[int(i)] for i in dot[3].split(",") if i and lhs)
+            own[(computation, name)] = 2.0 * math.prod(shapes[(computation, name)]) * contracted
+        if called := _CALLS.search(line):
+            calls[(computation, name)] = called[1]
+    per_computation: dict[str, float] = {}
+    for (computation, _), value in own.items():
+        per_computation[computation] = per_computation.get(computation, 0.0) + value
+
+    def total(computation: str, name: str) -> float:
+        inner = calls.get((computation, name))
+        nested = sum(total(inner, n) for c, n in calls if c == inner) if inner else 0.0
+        return own.get((computation, name), 0.0) + per_computation.get(inner, 0.0) + nested
+
+    return {key: total(*key) for key in shapes if key[0] == "ENTRY"}
+
+
+def kernels_of(program) -> list[Kernel]:
+    """The kernels of a compiled program (or its HLO text), in program order; parameters,
+    tuples and other bookkeeping left out."""
+    text = program_text(program)
+    if "ENTRY" not in text:
+        raise ValueError("no ENTRY computation in this text: pass compiled.as_text()")
+    frames, flops = _tables(text), _dot_flops(text)
+    shapes, kernels = {}, []
+    for computation, line in hlo_lines(text):
+        m = _LINE.match(line)
+        if computation != "ENTRY" or not m:
+            continue
+        name, shape, opcode, operands = m.groups()
+        shapes[name] = _shape_bytes(shape)
+        if opcode in ("parameter", "constant", "tuple", "get-tuple-element", "bitcast"):
+            continue
+        own = flops.get(("ENTRY", name), 0.0)
+        inputs = sum(shapes.get(o.strip().lstrip("%"), 0) for o in operands.split(","))
+        op_name = _OP_NAME.search(line)
+        frame = _FRAME_ID.search(line)
+        stack, file = frames.get(int(frame[1]), ((), "")) if frame else ((), "")
+        kernels.append(Kernel(name, opcode, op_name[1] if op_name else "", stack, file,
+                              own, float(inputs + shapes[name])))  # fmt: skip
+    return kernels
+
+
+def kernel_seconds(compiled, *args, tries: int = 3) -> dict[str, float]:
+    """Seconds of each kernel in one call of `compiled(*args)`, from the shortest of `tries`
+    profiler traces (`trace_spans`); after one untimed call. Kernels that run at the same
+    time on different threads each count their own duration."""
+    jax.block_until_ready(compiled(*args))
+    return device_op_seconds(trace_spans(lambda: compiled(*args), tries=tries))
+
+
+def grouped(
+    kernels: list[Kernel], seconds: dict[str, float], group: Callable[[Kernel], str], roof
+) -> dict[str, dict]:
+    """Kernels added up by `group(kernel)`: {group: {"seconds" (traced, per call), "flops",
+    "bytes", "predicted" (the sum of each kernel's max(FLOPs / ceiling, bytes / bandwidth)),
+    "kernels"}}, largest traced time first."""
+    rows: dict[str, dict] = {}
+    for kernel in kernels:
+        row = rows.setdefault(group(kernel), dict(seconds=0.0, flops=0.0, bytes=0.0,
+                                                  predicted=0.0, kernels=0))  # fmt: skip
+        row["seconds"] += seconds.get(kernel.name, 0.0)
+        row["flops"] += kernel.flops
+        row["bytes"] += kernel.bytes
+        row["predicted"] += roof.predict(kernel.flops, kernel.bytes)
+        row["kernels"] += 1
+    return dict(sorted(rows.items(), key=lambda item: -item[1]["seconds"]))
+
+
+_MATMULS = {"project_qkv": "matmul: query, key, value", "attention_block": "matmul: attention out",
+            "mlp_block": "matmul: MLP", "apply_blocks": "matmul: unembedding"}  # fmt: skip
+
+
+def transformer_group(kernel: Kernel) -> str:
+    """The group of a kernel of chapter 11's train step: matmuls by layer part, attention,
+    norms, the MLP's GELU, embedding (forward and gradient), loss, optimizer, and copies and
+    transposes (a kernel XLA named after a copy or a transpose it ends with)."""
+    if kernel.opcode in ("copy", "transpose") or kernel.name.startswith(("copy", "transpose")):
+        return "copies and transposes"
+    if kernel.file.endswith(("attention.py", "blockwise.py")):
+        return "attention"
+    part = next((f for f in kernel.stack if f in _MATMULS), None)
+    if kernel.flops and part:
+        return _MATMULS[part]
+    if "optax" in kernel.file or kernel.function.startswith("make_train_step"):
+        return "optimizer"
+    named = {"rms_norm": "norms", "embed": "embedding", "mlp_block": "MLP: GELU"}
+    if kernel.function in named:
+        return named[kernel.function]
+    if kernel.file.endswith("losses.py"):
+        return "loss"
+    return "other"

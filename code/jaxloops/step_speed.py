@@ -1,0 +1,117 @@
+"""The transformer's train step at a given size: its rate against the roofline, and where its
+time goes (chapter 11's last section, and `make bench`).
+
+Sizes are (L, D, N, K, F, T, B), as `LanguageModelSizes.speed` holds them.
+"""
+
+import statistics
+
+import jax
+
+from jaxloops.data import Batch
+from jaxloops.measure import breakdown
+from jaxloops.measure.compiled import costs_of
+from jaxloops.measure.roofline import MATMUL, ceiling_runs, raise_roofline, roofline
+from jaxloops.measure.timing import interleaved_samples
+from jaxloops.text import VOCAB_SIZE
+from jaxloops.train import make_optimizer, make_train_step
+from jaxloops.transformer import TransformerConfig, init_transformer, transformer_loss
+
+PROGRAMS = ("forward", "gradient", "step")
+
+
+def step_programs(sizes: tuple[int, ...], key: jax.Array) -> dict:
+    """The compiled forward loss, value-and-gradient and AdamW train step of a transformer of
+    `sizes` on one batch of random tokens, with their arguments.
+
+    Returns:
+      {"forward", "gradient", "step": (compiled, args)}, and "tokens": B T per step.
+    """
+    if len(sizes) != 7 or min(sizes) < 1:
+        raise ValueError(f"sizes must be seven positive ints (L, D, N, K, F, T, B), got {sizes}")
+    L, D, N, K, F, T, B = sizes
+    config = TransformerConfig(VOCAB_SIZE, L, D, N, K, F, T)
+    init_key, data_key = jax.random.split(key)
+    params = init_transformer(init_key, config)
+    tokens = jax.random.randint(data_key, (B, T + 1), 0, VOCAB_SIZE)  # (B, T + 1)
+    batch = Batch(x=tokens[:, :-1], y=tokens[:, 1:])
+    optimizer = make_optimizer(1e-3, 0.1)
+    opt_state = optimizer.init(params)
+
+    def loss(params, batch):
+        return transformer_loss(params, batch)[0]
+
+    programs = {
+        "forward": (jax.jit(loss), (params, batch)),
+        "gradient": (jax.jit(jax.value_and_grad(loss)), (params, batch)),
+        "step": (jax.jit(make_train_step(transformer_loss, optimizer)), (params, opt_state, batch)),
+    }
+    compiled = {name: (fn.lower(*args).compile(), args) for name, (fn, args) in programs.items()}
+    return {**compiled, "tokens": B * T}
+
+
+def step_rates(programs: dict, rounds: int) -> dict:
+    """Median seconds of the forward pass, the gradient and the train step, timed in turn
+    with the roofline's matmul (whose samples raise the build's ceiling).
+
+    Returns:
+      {"seconds": {name: median}, "flops": step FLOPs (cost analysis), "tokens_per_s",
+       "flops_per_s", "ceiling": the raised matmul ceiling, "of_ceiling", "gradient_over_forward"}.
+    """
+    roof = roofline()
+    runs = {name: (lambda c=programs[name][0], a=programs[name][1]: c(*a)) for name in PROGRAMS}
+    runs[MATMUL] = ceiling_runs(jax.random.key(1), matmul_size=roof.matmul_size)[MATMUL]
+    samples = interleaved_samples(runs, rounds)
+    roof = raise_roofline(flops_samples=[2.0 * roof.matmul_size**3 / s for s in samples[MATMUL]])
+    seconds = {name: statistics.median(samples[name]) for name in PROGRAMS}
+    flops = costs_of(programs["step"][0])["flops"]
+    rate = flops / seconds["step"]
+    return {
+        "seconds": seconds,
+        "flops": flops,
+        "tokens_per_s": programs["tokens"] / seconds["step"],
+        "flops_per_s": rate,
+        "ceiling": roof.flops_per_s,
+        "of_ceiling": rate / roof.flops_per_s,
+        "gradient_over_forward": seconds["gradient"] / seconds["forward"],
+    }
+
+
+def step_breakdown(programs: dict, tries: int = 3) -> dict[str, dict]:
+    """The train step's kernels, traced and grouped by `transformer_group`, each group with
+    its prediction at this build's roofline (`breakdown.grouped`)."""
+    compiled, args = programs["step"]
+    seconds = breakdown.kernel_seconds(compiled, *args, tries=tries)
+    kernels = breakdown.kernels_of(compiled)
+    return breakdown.grouped(kernels, seconds, breakdown.transformer_group, roofline())
+
+
+def summary(rates: dict, groups: dict[str, dict]) -> dict:
+    """What chapter 11 states about one breakdown: the traced and predicted kernel time in
+    all, the matmul groups' share of the traced time, the kernels' matmul FLOPs against the
+    compiler's count, and the group furthest above its prediction."""
+    traced = sum(g["seconds"] for g in groups.values())
+    matmuls = sum(g["seconds"] for name, g in groups.items() if name.startswith("matmul"))
+    worst = max(groups, key=lambda name: groups[name]["seconds"] - groups[name]["predicted"])
+    return {
+        "traced": traced,
+        "predicted": sum(g["predicted"] for g in groups.values()),
+        "matmul_share": matmuls / traced if traced else 0.0,
+        "dot_flops": sum(g["flops"] for g in groups.values()),
+        "worst": worst,
+        "worst_traced": groups[worst]["seconds"],
+        "worst_predicted": groups[worst]["predicted"],
+    }
+
+
+def draw_breakdown(ax, groups: dict[str, dict], title: str) -> None:
+    """Each group's traced and roofline milliseconds as paired horizontal bars."""
+    names = list(groups)[::-1]
+    y = range(len(names))
+    ax.barh([i + 0.2 for i in y], [1e3 * groups[n]["seconds"] for n in names], 0.4,
+            label="traced")  # fmt: skip
+    ax.barh([i - 0.2 for i in y], [1e3 * groups[n]["predicted"] for n in names], 0.4,
+            label="at the roofline")  # fmt: skip
+    ax.set_yticks(list(y), names, fontsize=8)
+    ax.set(xlabel="milliseconds per step (kernels summed)", title=title)
+    ax.legend(fontsize=8)

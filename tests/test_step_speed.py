@@ -1,0 +1,48 @@
+import jax
+import pytest
+
+from jaxloops import step_speed
+
+TINY = (1, 8, 2, 1, 12, 5, 3)  # L, D, N, K, F, T, B
+
+
+@pytest.fixture(scope="module")
+def programs():
+    return step_speed.step_programs(TINY, jax.random.key(0))
+
+
+def test_bad_sizes_raise():
+    with pytest.raises(ValueError, match=r"seven positive ints .* got \(1, 8, 2\)"):
+        step_speed.step_programs((1, 8, 2), jax.random.key(0))
+    with pytest.raises(ValueError, match="seven positive ints"):
+        step_speed.step_programs((1, 8, 2, 1, 12, 0, 3), jax.random.key(0))
+
+
+def test_rates_are_consistent_with_their_seconds(programs):
+    row = step_speed.step_rates(programs, rounds=2)
+    assert programs["tokens"] == 5 * 3
+    assert row["tokens_per_s"] == pytest.approx(15 / row["seconds"]["step"])
+    assert row["flops_per_s"] == pytest.approx(row["flops"] / row["seconds"]["step"])
+    assert row["of_ceiling"] == pytest.approx(row["flops_per_s"] / row["ceiling"])
+    ratio = row["seconds"]["gradient"] / row["seconds"]["forward"]
+    assert row["gradient_over_forward"] == pytest.approx(ratio)
+
+
+def test_the_breakdown_groups_every_matmul_of_the_step(programs):
+    groups = step_speed.step_breakdown(programs, tries=1)
+    L, D, N, K, F, T, B = TINY
+    assert groups["matmul: MLP"]["flops"] == 3 * 2 * B * T * 2 * D * F * L
+    assert all(g["predicted"] > 0 for g in groups.values() if g["bytes"])
+
+
+def test_summary_adds_up_the_groups_and_names_the_furthest_above_its_prediction():
+    groups = {
+        "matmul: MLP": {"seconds": 3.0, "predicted": 2.5, "flops": 10.0},
+        "attention": {"seconds": 2.0, "predicted": 0.5, "flops": 4.0},
+        "norms": {"seconds": 1.0, "predicted": 0.9, "flops": 0.0},
+    }
+    told = step_speed.summary({}, groups)
+    assert told["traced"] == 6.0 and told["predicted"] == pytest.approx(3.9)
+    assert told["matmul_share"] == 0.5 and told["dot_flops"] == 14.0
+    assert told["worst"] == "attention"  # 1.5 s above, not the largest time (matmul: MLP)
+    assert (told["worst_traced"], told["worst_predicted"]) == (2.0, 0.5)
