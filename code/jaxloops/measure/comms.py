@@ -15,10 +15,10 @@ from jaxloops.measure.compiled import (
     _COLLECTIVE,
     _SHAPE,
     _dims,
-    _dtype_bytes,
-    _hlo_lines,
+    dtype_bytes,
+    hlo_lines,
     _loop_computations,
-    _text,
+    program_text,
 )
 
 _REDUCTIONS = ("all-reduce", "reduce-scatter")
@@ -31,10 +31,10 @@ _RING_SHARE = {  # bytes a ring sends per device, per byte of one device's resul
 
 def _ops(program):
     """(computation, kind, result bytes, op_name) of each collective of a compiled program."""
-    text = _text(program)
-    for computation, line in _hlo_lines(text):
+    text = program_text(program)
+    for computation, line in hlo_lines(text):
         for result, kind in _COLLECTIVE.findall(line):
-            size = sum(int(np.prod(_dims(d))) * _dtype_bytes(t) for t, d in _SHAPE.findall(result))
+            size = sum(int(np.prod(_dims(d))) * dtype_bytes(t) for t, d in _SHAPE.findall(result))
             name = re.search(r'op_name="([^"]*)"', line)
             yield computation, kind, size, name.group(1) if name else ""
 
@@ -59,7 +59,7 @@ def per_step(program, trips: int = 1, only_bytes=None) -> dict[str, dict[str, tu
     """
     if trips < 1:
         raise ValueError(f"trips must be >= 1, got {trips}")
-    loops = _loop_computations(_text(program))
+    loops = _loop_computations(program_text(program))
     ops = list(_ops(program))
     reducing = {c for c, kind, _, name in ops if kind in _REDUCTIONS and c in loops}
     found = {"forward": {}, "backward": {}}
