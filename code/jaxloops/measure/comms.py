@@ -15,9 +15,9 @@ from jaxloops.measure.compiled import (
     _COLLECTIVE,
     _SHAPE,
     _dims,
+    _loop_computations,
     dtype_bytes,
     hlo_lines,
-    _loop_computations,
     program_text,
 )
 

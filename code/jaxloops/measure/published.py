@@ -134,27 +134,26 @@ def published_peaks(device_kind: str) -> PublishedPeaks | None:
     return None
 
 
-def interconnect_peaks() -> dict[str, tuple[float, float]]:
-    """{"<board>, <interconnect>": (bf16 FLOP/s, interconnect bytes/s one way)} of every board
-    whose interconnect is published here (chapter 12's critical batch)."""
+def _board_figures(field: str) -> dict[str, tuple[float, float]]:
+    """{"<board>, <interconnect>": (bf16 FLOP/s, the board's `field`)} where it is published."""
     return {
         f"{peaks.board.removeprefix('NVIDIA ')}, {peaks.interconnect}": (
             peaks.bf16_flops_per_s,
-            peaks.interconnect_bytes_per_s,
+            getattr(peaks, field),
         )
         for _, peaks in PUBLISHED
-        if peaks.interconnect_bytes_per_s is not None
+        if getattr(peaks, field) is not None
     }
+
+
+def interconnect_peaks() -> dict[str, tuple[float, float]]:
+    """{"<board>, <interconnect>": (bf16 FLOP/s, interconnect bytes/s one way)} of every board
+    whose interconnect is published here (chapter 12's critical batch)."""
+    return _board_figures("interconnect_bytes_per_s")
 
 
 def ring_peaks() -> dict[str, tuple[float, float]]:
     """{"<board>, <interconnect>": (bf16 FLOP/s, bytes/s one way of a ring over one mesh
     axis)}: the W of chapter 12's critical batch C / W."""
-    return {
-        f"{peaks.board.removeprefix('NVIDIA ')}, {peaks.interconnect}": (
-            peaks.bf16_flops_per_s,
-            peaks.ring_bytes_per_s,
-        )
-        for _, peaks in PUBLISHED
-        if peaks.ring_bytes_per_s is not None
-    }
+    return _board_figures("ring_bytes_per_s")
+
