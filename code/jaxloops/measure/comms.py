@@ -12,13 +12,13 @@ import re
 import numpy as np
 
 from jaxloops.measure.compiled import (
-    _COLLECTIVE,
-    _SHAPE,
-    _dims,
-    _loop_computations,
+    COLLECTIVE,
+    SHAPE,
     dtype_bytes,
     hlo_lines,
+    loop_computations,
     program_text,
+    shape_dims,
 )
 
 _REDUCTIONS = ("all-reduce", "reduce-scatter")
@@ -33,8 +33,10 @@ def _ops(program):
     """(computation, kind, result bytes, op_name) of each collective of a compiled program."""
     text = program_text(program)
     for computation, line in hlo_lines(text):
-        for result, kind in _COLLECTIVE.findall(line):
-            size = sum(int(np.prod(_dims(d))) * dtype_bytes(t) for t, d in _SHAPE.findall(result))
+        for result, kind in COLLECTIVE.findall(line):
+            size = sum(
+                int(np.prod(shape_dims(d))) * dtype_bytes(t) for t, d in SHAPE.findall(result)
+            )
             name = re.search(r'op_name="([^"]*)"', line)
             yield computation, kind, size, name.group(1) if name else ""
 
@@ -59,7 +61,7 @@ def per_step(program, trips: int = 1, only_bytes=None) -> dict[str, dict[str, tu
     """
     if trips < 1:
         raise ValueError(f"trips must be >= 1, got {trips}")
-    loops = _loop_computations(program_text(program))
+    loops = loop_computations(program_text(program))
     ops = list(_ops(program))
     reducing = {c for c, kind, _, name in ops if kind in _REDUCTIONS and c in loops}
     found = {"forward": {}, "backward": {}}

@@ -53,11 +53,11 @@ def compiled_flops(fn: Callable[..., Any], *args) -> float:
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?(\S+) = \S+ ([\w-]+)\(")
 _FUSION = re.compile(r"^\s*(?:ROOT )?%?(\S+) = (\S+) fusion\(.*kind=(\w+), calls=%?([\w.-]+)")
 _COPY = re.compile(r"^\s*(?:ROOT )?%?\S+ = \w+\[([\d,]*)\]\S* copy\(")
-_COLLECTIVE = re.compile(
+COLLECTIVE = re.compile(
     r"= (\([^)]*\)|\w+\[[\d,]*\][^ ]*) (all-reduce|all-gather|reduce-scatter|all-to-all|"
     r"collective-permute)(?:-start)?\("
 )
-_SHAPE = re.compile(r"(\w+)\[([\d,]*)\]")
+SHAPE = re.compile(r"(\w+)\[([\d,]*)\]")
 _BOOKKEEPING = {"parameter", "constant", "bitcast", "broadcast", "tuple", "get-tuple-element"}
 
 
@@ -97,12 +97,12 @@ def entry_instructions(program) -> list[tuple[str, str, str]]:
     return found
 
 
-def _loop_computations(text: str) -> set[str]:
+def loop_computations(text: str) -> set[str]:
     """Names of the computations a while loop runs on every trip (its body and condition)."""
     return set(re.findall(r"(?:body|condition)=%?([\w.-]+)", text))
 
 
-def _dims(dims: str) -> tuple[int, ...]:
+def shape_dims(dims: str) -> tuple[int, ...]:
     return tuple(int(d) for d in dims.split(",") if d)
 
 
@@ -124,12 +124,12 @@ def fusions_of(program) -> list[dict]:
         instruction = _INSTRUCTION.match(line)
         if instruction:
             ops.setdefault(computation, []).append(instruction.group(2))
-    loop_bodies = _loop_computations(text)
+    loop_bodies = loop_computations(text)
     rows = []
     for where, name, shape, kind, called in fusions:
         shape = shape.split("{")[0]
-        match = _SHAPE.match(shape)
-        dims = _dims(match.group(2)) if match else ()
+        match = SHAPE.match(shape)
+        dims = shape_dims(match.group(2)) if match else ()
         rows.append(
             {
                 "fusion": name,
@@ -160,12 +160,12 @@ def loop_copies(program, elements: int) -> int:
     if elements < 1:
         raise ValueError(f"elements must be >= 1, got {elements}")
     text = program_text(program)
-    in_loop = _loop_computations(text)
+    in_loop = loop_computations(text)
     count = 0
     for computation, line in hlo_lines(text):
         copy = _COPY.match(line)
         if copy and computation in in_loop:
-            count += math.prod(_dims(copy.group(1))) == elements
+            count += math.prod(shape_dims(copy.group(1))) == elements
     return count
 
 
@@ -183,9 +183,10 @@ def collectives(program) -> dict[str, tuple[int, int]]:
     bytes of all its arrays.
     """
     found: dict[str, tuple[int, int]] = {}
-    for result, kind in _COLLECTIVE.findall(program_text(program)):
+    for result, kind in COLLECTIVE.findall(program_text(program)):
         size = sum(
-            math.prod(_dims(dims)) * dtype_bytes(dtype) for dtype, dims in _SHAPE.findall(result)
+            math.prod(shape_dims(dims)) * dtype_bytes(dtype)
+            for dtype, dims in SHAPE.findall(result)
         )
         ops, total = found.get(kind, (0, 0))
         found[kind] = (ops + 1, total + size)

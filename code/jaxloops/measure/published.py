@@ -156,4 +156,3 @@ def ring_peaks() -> dict[str, tuple[float, float]]:
     """{"<board>, <interconnect>": (bf16 FLOP/s, bytes/s one way of a ring over one mesh
     axis)}: the W of chapter 12's critical batch C / W."""
     return _board_figures("ring_bytes_per_s")
-
