@@ -13,7 +13,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxloops.attention import attention_rounding_bound  # re-exported: attention's bound
 from jaxloops.data import Batch
+
+__all__ = (
+    "UNIT_ROUNDOFF",
+    "adam_step_bound",
+    "attention_rounding_bound",
+    "differing",
+    "gradient_bound",
+    "sum_bound",
+    "worst_ratio",
+)
 
 UNIT_ROUNDOFF = 2.0**-24  # float32: half the spacing of floats in [1, 2)
 
