@@ -227,3 +227,5 @@ def test_the_rounding_bound_is_eps_times_sqrt_s_and_the_score_size():
     # A = sum_h |q k| / sqrt(H) = 4 * 0.5 / 2 = 1; sqrt(S) = 3; scale 2.
     eps = float(jnp.finfo(jnp.float32).eps)
     assert attention_rounding_bound(query, key, 2.0) == pytest.approx(2 * eps * 2 * (1 + 3 + 1))
+    # A Python float, so a page can glue it (a NumPy scalar glues with a Sphinx warning).
+    assert type(attention_rounding_bound(query, key, 2.0)) is float

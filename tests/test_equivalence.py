@@ -81,3 +81,47 @@ def test_worst_ratio_treats_a_zero_tolerance_as_exact():
     assert equivalence.worst_ratio(zero, zero, zero) == 0.0
     assert equivalence.worst_ratio({"a": np.array([0.0, 0.0, 1e-30])}, zero, zero) == np.inf
     assert equivalence.worst_ratio({"a": np.full(3, 2.0)}, zero, {"a": np.full(3, 4.0)}) == 0.5
+
+
+@pytest.fixture(scope="module")
+def scaled_logits(digits):
+    params = jaxloops.init_mlp(jax.random.key(0), (64, 256, 256, 10))
+    x = digits.train.x[:200]
+    logits = np.asarray(jaxloops.mlp_logits(params, x), np.float64)
+    scaled = jax.tree.map(lambda w: 10 * w, params)
+    other = jaxloops.init_mlp(jax.random.key(1), (64, 256, 256, 10))
+    return dict(
+        params=params, x=x, logits=logits,
+        got=np.asarray(jaxloops.mlp_logits(scaled, x), np.float64),
+        stale=np.asarray(jaxloops.mlp_logits(other, x), np.float64),
+    )  # fmt: skip
+
+
+def test_the_homogeneity_bound_accepts_the_scaled_network(scaled_logits):
+    s = scaled_logits
+    bound = equivalence.homogeneity_bound(s["params"], s["x"])
+    assert np.all(np.abs(s["got"] - 1e3 * s["logits"]) <= bound)
+
+
+@pytest.mark.parametrize("wrong", ["layers off by one", "negated", "stale", "largest logit +10 %"])
+def test_the_homogeneity_bound_rejects_a_wrong_answer(scaled_logits, wrong):
+    s = scaled_logits
+    want = {
+        "layers off by one": 1e2 * s["logits"],
+        "negated": -1e3 * s["logits"],
+        "stale": 1e3 * s["stale"],
+        "largest logit +10 %": 1e3
+        * s["logits"]
+        * np.where(np.abs(s["logits"]) == np.abs(s["logits"]).max(), 1.1, 1.0),
+    }[wrong]
+    bound = equivalence.homogeneity_bound(s["params"], s["x"])
+    assert np.any(np.abs(s["got"] - want) > bound)
+
+
+def test_the_homogeneity_bound_refuses_biases_and_bad_factors(scaled_logits):
+    s = scaled_logits
+    biased = jax.tree.map(lambda a: a + 0.5 if a.ndim == 1 else a, s["params"])
+    with pytest.raises(ValueError, match="0.5"):
+        equivalence.homogeneity_bound(biased, s["x"])
+    with pytest.raises(ValueError, match="-2"):
+        equivalence.homogeneity_bound(s["params"], s["x"], factor=-2.0)

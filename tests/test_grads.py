@@ -64,3 +64,40 @@ def test_a_finite_difference_of_no_entry_is_refused_not_zero(key):
         jaxloops.finite_difference(loss, params, ("dense_0", "w"), (5, 0))
     with pytest.raises(ValueError, match=r"index \(-1, 0\)"):
         jaxloops.finite_difference(loss, params, ("dense_0", "w"), (-1, 0))
+
+
+def test_finite_difference_bound_passes_autodiff_and_rejects_wrong_gradients(key):
+    params, batch = _problem(key)
+    entries = [(("dense_0", "w"), (3, 5)), (("dense_1", "b"), (2,)), (("dense_1", "w"), (6, 0))]
+    with jax.enable_x64(True):
+        params64 = jax.tree.map(lambda p: jnp.asarray(p, jnp.float64), params)
+        batch64 = jaxloops.Batch(jnp.asarray(batch.x, jnp.float64), batch.y)
+        loss = jax.jit(lambda p: jaxloops.mlp_loss(p, batch64)[0])
+        grads = jax.grad(loss)(params64)
+        logits = jaxloops.mlp_logits(params64, batch64.x)
+        scale = float(loss(params64)) + 2 * float(jnp.abs(logits).max())
+        terms = batch.x.shape[1] + batch.x.shape[0] + logits.shape[1]
+        for path, index in entries:
+            numeric = jaxloops.finite_difference(loss, params64, path, index, eps=1e-6)
+            bound = jaxloops.grads.finite_difference_bound(
+                loss, params64, path, index, eps=1e-6, terms=terms, scale=scale
+            )
+            leaf = np.asarray(grads[path[0]][path[1]])
+            right = float(leaf[index])
+            # Off by one: the neighbouring entry's gradient (an index shifted in the leaf).
+            shifted = float(np.roll(leaf, 1, axis=0)[index])
+            assert abs(numeric - right) <= bound < 0.01 * abs(right)
+            for wrong in (-right, 0.0, shifted):  # sign-flipped, zeroed, off by one entry
+                assert abs(numeric - wrong) > bound, (path, index, wrong)
+
+
+def test_finite_difference_bound_refuses_bad_sizes(key):
+    params, batch = _problem(key)
+    loss = lambda p: jaxloops.mlp_loss(p, batch)[0]
+    entry = (("dense_0", "w"), (0, 0))
+    with pytest.raises(ValueError, match="eps > 0"):
+        jaxloops.grads.finite_difference_bound(loss, params, *entry, eps=0.0, terms=3, scale=1.0)
+    with pytest.raises(ValueError, match="2000000000 terms"):
+        jaxloops.grads.finite_difference_bound(
+            loss, params, *entry, eps=1e-3, terms=2 * 10**9, scale=1.0
+        )

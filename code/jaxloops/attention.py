@@ -185,4 +185,4 @@ def attention_rounding_bound(query, key, scale) -> float:
     grouped = query.reshape(B, T, K, N // K, H)  # (B, T, K, G, H)
     A = np.einsum("BTKGH,BSKH->BKGTS", grouped, key).max() / math.sqrt(H)
     eps = float(jnp.finfo(jnp.float32).eps)
-    return 2 * eps * float(scale) * (1 + math.sqrt(S) + A)
+    return float(2 * eps * float(scale) * (1 + math.sqrt(S) + A))

@@ -27,6 +27,7 @@ from jaxloops.blockwise_tiles import (  # re-exported: the tiles' pieces, one im
     Tiling,
     heads_per_step,
     online_softmax_step,
+    tile_grads,
     tile_scores,
     unmasked_key_blocks,
     visible_key_blocks,
@@ -90,33 +91,6 @@ def _forward(query, key, value, tiling: Tiling):
         return out / running_sum[..., None], running_max + jnp.log(running_sum)
 
     return lax.map(one_step, (query, jnp.arange(n_steps)))
-
-
-def tile_grads(
-    query_tile, key_block, value_block, d_out, lse, delta, q_start, k_start, tiling, masked=True
-):
-    """Gradient contributions of query tiles against one key block, scores recomputed.
-
-    Args:
-      query_tile: (..., R, H), multiplied by 1/sqrt(H) as in the forward pass.
-      d_out: (..., R, H); key_block, value_block: (..., Sb, H).
-      lse, delta: (..., R): log-sum-exp of each row, and sum(d_out * out) of each row.
-
-    Returns:
-      d_query (..., R, H), d_key and d_value (..., Sb, H), float32; the key and value
-      gradients are summed over the R rows, so over the G query heads that share them.
-    """
-    H = query_tile.shape[-1]
-    scores = tile_scores(query_tile, key_block, q_start, k_start, tiling, masked)
-    weights = jnp.exp(scores - lse[..., None])  # (..., R, Sb): the forward's softmax
-    d_value = jnp.einsum("...RS,...RH->...SH", weights, d_out)  # (..., Sb, H)
-    d_weights = jnp.einsum("...RH,...SH->...RS", d_out, value_block)  # (..., R, Sb)
-    # Softmax backward: dS = P * (dP - sum_s P dP), and sum_s P dP = sum_h dO * O per row.
-    d_scores = weights * (d_weights - delta[..., None])  # (..., R, Sb)
-    # scores = (scale * Q) K^T: dQ gets the scale, dK sees the scaled query.
-    d_query = jnp.einsum("...RS,...SH->...RH", d_scores, key_block) * (1.0 / math.sqrt(H))
-    d_key = jnp.einsum("...RS,...RH->...SH", d_scores, query_tile)  # (..., Sb, H)
-    return d_query, d_key, d_value
 
 
 def _add_into(total, j, first_head, part):

@@ -5,6 +5,7 @@ blocks of Sb keys of its head, folding each into the running (max, sum, output) 
 softmax. `jaxloops.blockwise` cuts the arrays into tiles and walks them, forward and backward.
 """
 
+import math
 from typing import NamedTuple
 
 import jax.numpy as jnp
@@ -131,3 +132,30 @@ def walk_key_blocks(fold, chunk, tiling: Tiling, n_key_blocks: int, init):
     n_visible = visible_key_blocks(chunk, tiling, n_key_blocks)
     carry = lax.fori_loop(0, n_unmasked, lambda j, c: fold(j, c, False), init)
     return lax.fori_loop(n_unmasked, n_visible, lambda j, c: fold(j, c, True), carry)
+
+
+def tile_grads(
+    query_tile, key_block, value_block, d_out, lse, delta, q_start, k_start, tiling, masked=True
+):
+    """Gradient contributions of query tiles against one key block, scores recomputed.
+
+    Args:
+      query_tile: (..., R, H), multiplied by 1/sqrt(H) as in the forward pass.
+      d_out: (..., R, H); key_block, value_block: (..., Sb, H).
+      lse, delta: (..., R): log-sum-exp of each row, and sum(d_out * out) of each row.
+
+    Returns:
+      d_query (..., R, H), d_key and d_value (..., Sb, H), float32; the key and value
+      gradients are summed over the R rows, so over the G query heads that share them.
+    """
+    H = query_tile.shape[-1]
+    scores = tile_scores(query_tile, key_block, q_start, k_start, tiling, masked)
+    weights = jnp.exp(scores - lse[..., None])  # (..., R, Sb): the forward's softmax
+    d_value = jnp.einsum("...RS,...RH->...SH", weights, d_out)  # (..., Sb, H)
+    d_weights = jnp.einsum("...RH,...SH->...RS", d_out, value_block)  # (..., R, Sb)
+    # Softmax backward: dS = P * (dP - sum_s P dP), and sum_s P dP = sum_h dO * O per row.
+    d_scores = weights * (d_weights - delta[..., None])  # (..., R, Sb)
+    # scores = (scale * Q) K^T: dQ gets the scale, dK sees the scaled query.
+    d_query = jnp.einsum("...RS,...SH->...RH", d_scores, key_block) * (1.0 / math.sqrt(H))
+    d_key = jnp.einsum("...RS,...RH->...SH", d_scores, query_tile)  # (..., Sb, H)
+    return d_query, d_key, d_value

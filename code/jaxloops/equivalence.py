@@ -13,7 +13,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxloops.attention import attention_rounding_bound  # re-exported: attention's bound
 from jaxloops.data import Batch
+
+__all__ = (
+    "UNIT_ROUNDOFF",
+    "adam_step_bound",
+    "attention_rounding_bound",
+    "differing",
+    "gradient_bound",
+    "homogeneity_bound",
+    "sum_bound",
+    "worst_ratio",
+)
 
 UNIT_ROUNDOFF = 2.0**-24  # float32: half the spacing of floats in [1, 2)
 
@@ -91,3 +103,49 @@ def differing(got: dict, want: dict) -> list[str]:
         or np.asarray(got[name]).dtype != np.asarray(want[name]).dtype
         or not np.array_equal(got[name], want[name])
     ]
+
+
+def _chain_error(x, weights, targets):
+    """Per output: a bound on |float32 MLP(weights) - exact MLP(targets)| (zero biases, ReLU).
+
+    Layer by layer, fl(x̂ W) - t W_t = [fl(x̂ W) - x̂ W] + x̂ (W - W_t) + (x̂ - t) W_t, so with
+    e the bound so far and |x̂| <= |t| + e: e' = γ_(n+1) (|t| + e)|W| + (|t| + e)|W - W_t|
+    + e |W_t| (Higham §3.5; ReLU is 1-Lipschitz). t is exact: float64, whose own rounding
+    (1e-16 relative) is far below float32's."""
+    t = np.asarray(x, np.float64)
+    e = np.zeros_like(t)
+    for i, (w, w_t) in enumerate(zip(weights, targets, strict=True)):
+        w = np.asarray(w, np.float64)
+        reach = np.abs(t) + e
+        n = w.shape[0] + 1  # the fan-in's products and the bias
+        e = sum_bound(reach, n) / 2 @ np.abs(w) + reach @ np.abs(w - w_t) + e @ np.abs(w_t)
+        t = t @ w_t if i == len(weights) - 1 else np.maximum(t @ w_t, 0.0)
+    return e
+
+
+def homogeneity_bound(params, x, factor: float = 10.0):
+    """Per logit: how far a float32 MLP with every weight times `factor` can be from
+    `factor`^L times the float32 MLP's logits (L layers, zero biases, ReLU).
+
+    Exactly the two are equal (ReLU is positively homogeneous). In float32, each differs
+    from the exact scaled logits by its products' rounding (γ_(n+1) per layer of fan-in n,
+    carried forward through |W|) and, for the scaled one, by the rounding of factor·W, known
+    exactly: the sum of the two `_chain_error` bounds.
+
+    Returns:
+      (B, C) float64.
+    """
+    layers = [params[f"dense_{i}"] for i in range(len(params))]
+    biggest_bias = max(float(np.abs(np.asarray(layer["b"])).max()) for layer in layers)
+    if biggest_bias != 0:
+        raise ValueError(
+            f"biases must be zero for the homogeneity identity; max |b| = {biggest_bias}"
+        )
+    if not factor > 0:
+        raise ValueError(f"factor must be positive (ReLU is homogeneous for those): {factor}")
+    weights = [np.asarray(layer["w"], np.float64) for layer in layers]
+    scaled = [np.asarray(factor * layer["w"]) for layer in layers]  # rounded as the page does
+    exact_scaled = [factor * w for w in weights]
+    return _chain_error(x, scaled, exact_scaled) + factor ** len(layers) * _chain_error(
+        x, weights, weights
+    )

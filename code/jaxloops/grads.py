@@ -1,6 +1,7 @@
 """Gradients by hand and by autodiff: one SGD update, and a finite-difference check."""
 
 import jax
+import jax.numpy as jnp
 
 
 def sgd_update(params, grads, learning_rate: float):
@@ -36,3 +37,31 @@ def finite_difference(loss_fn, params, path: tuple, index: tuple, eps: float = 1
         return loss_fn(jax.tree_util.tree_map_with_path(bump, params))
 
     return float((bumped(eps) - bumped(-eps)) / (2 * eps))
+
+
+def finite_difference_bound(
+    loss_fn, params, path: tuple, index: tuple, *, eps: float, terms: int, scale: float
+) -> float:
+    """How far `finite_difference` at step eps may sit from the true derivative.
+
+    Rounding: each loss is wrong by at most γ_terms * scale (γ_n = n u / (1 - n u), u the
+    unit roundoff of the loss's dtype; Higham §3.1), so the difference of two, over 2 eps,
+    by γ_terms * scale / eps. Truncation (eps² f''' / 6) is measured, not assumed: the
+    central differences at eps and 2 eps differ by 3 times it; their whole difference is
+    taken (a factor 3 for the higher-order terms and that difference's own rounding).
+
+    Args:
+      terms: the longest chain of additions in the loss (for an MLP's mean cross-entropy:
+        input width + batch + classes).
+      scale: what the rounding is relative to: for a mean cross-entropy, the loss plus
+        twice its largest |logit| (a logit's error moves its example's loss at most twice).
+    """
+    if eps <= 0 or terms < 1 or scale < 0:
+        raise ValueError(f"need eps > 0, terms >= 1, scale >= 0; got {eps}, {terms}, {scale}")
+    dtype = jax.tree.leaves(params)[0].dtype
+    u = float(jnp.finfo(dtype).eps) / 2
+    if terms * u >= 1:
+        raise ValueError(f"{terms} terms: the rounding bound is void in {dtype} (n u >= 1)")
+    rounding = terms * u / (1 - terms * u) * scale / eps
+    at = lambda step: finite_difference(loss_fn, params, path, index, eps=step)
+    return rounding + abs(at(2 * eps) - at(eps))

@@ -80,6 +80,9 @@ class CompileLog:
 def count_compiles():
     """Counts XLA compilations inside the `with` block, from JAX's monitoring events.
 
+    A program loaded from the persistent compilation cache counts too: JAX's event times
+    `compile_or_get_cached`, a compilation or a load.
+
     Yields:
       A `CompileLog`; `log.count` is the number of compilations so far.
     """
