@@ -44,7 +44,6 @@ from jaxloops.measure.sweeps import (
     causal_sweep,
     decode_layout_control,
     decode_sweep,
-    markdown_table,
     naive_attention_parts,
     numerics_table,
     random_cache,
@@ -52,6 +51,7 @@ from jaxloops.measure.sweeps import (
     reference_attention,
     softmax_without_exp,
 )
+from jaxloops.measure.tables import markdown_table
 from jaxloops.measure.throughput import (
     core_shares,
     fit_against_bare_epoch,
