@@ -72,6 +72,7 @@ from jaxloops.measure.timing import (
     count_compiles,
     interleaved_samples,
     interleaved_seconds,
+    suite_cache_report,
     time_call,
     time_dispatch,
 )
@@ -135,6 +136,7 @@ __all__ = (
     "Span",
     "spin_iterations",
     "strict",
+    "suite_cache_report",
     "time_call",
     "time_dispatch",
     "trace_spans",
