@@ -155,8 +155,10 @@ def pytest_configure(config):
 
 def pytest_sessionfinish(session):
     worker = getattr(session.config, "workerinput", {}).get("workerid", "master")
-    if worker == "master" and session.config.getoption("numprocesses", None):
-        return  # the xdist controller runs no test; its workers report
+    if session.config.option.collectonly or (
+        worker == "master" and session.config.getoption("numprocesses", None)
+    ):
+        return  # nothing ran here: collecting only, or the xdist controller (workers report)
     CACHE_REPORT.mkdir(parents=True, exist_ok=True)
     counts = {name: _cache_counts[name] for name in _CACHE_EVENTS.values()}
     (CACHE_REPORT / f"{worker}.json").write_text(json.dumps(counts))

@@ -28,6 +28,7 @@ from jaxloops.measure.profile import (
     overlap_seconds,
     trace_spans,
 )
+from jaxloops.measure.render import draw_params, draw_tree, markdown_table
 from jaxloops.measure.roofline import (
     CEILING_MARGIN,
     Roofline,
@@ -51,7 +52,6 @@ from jaxloops.measure.sweeps import (
     reference_attention,
     softmax_without_exp,
 )
-from jaxloops.measure.tables import markdown_table
 from jaxloops.measure.throughput import (
     core_shares,
     fit_against_bare_epoch,
@@ -101,7 +101,9 @@ __all__ = (
     "decode_sweep",
     "describe_backend",
     "device_op_seconds",
+    "draw_params",
     "draw_timeline",
+    "draw_tree",
     "fit_against_bare_epoch",
     "gpu_facts",
     "host_pipeline",

@@ -8,7 +8,7 @@ import json
 import pathlib
 
 from jaxloops.measure.published import PublishedPeaks, published_peaks
-from jaxloops.measure.tables import markdown_table
+from jaxloops.measure.render import markdown_table
 
 # Top-level sections every results file must have, and what each holds. A run writes the
 # file after every stage, so a section may be empty where a stage timed out or failed.
