@@ -28,7 +28,13 @@ from jaxloops.measure.profile import (
     overlap_seconds,
     trace_spans,
 )
-from jaxloops.measure.render import draw_params, draw_tree, markdown_table
+from jaxloops.measure.render import (
+    draw_params,
+    draw_scan,
+    draw_throughput,
+    draw_tree,
+    markdown_table,
+)
 from jaxloops.measure.roofline import (
     CEILING_MARGIN,
     Roofline,
@@ -102,6 +108,8 @@ __all__ = (
     "describe_backend",
     "device_op_seconds",
     "draw_params",
+    "draw_scan",
+    "draw_throughput",
     "draw_timeline",
     "draw_tree",
     "fit_against_bare_epoch",

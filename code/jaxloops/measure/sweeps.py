@@ -336,39 +336,19 @@ def numerics_table(
     return rows
 
 
-def causal_sweep(
-    key: jax.Array,
-    lengths,
-    implementations,
-    *,
-    dtype,
-    batch: int,
-    heads: int,
-    head_dim: int,
-    block_size: int | None,
-    repeats: int,
-    materialise_max_length: int,
-    parallel_blocks: int | None = None,
-) -> list[dict]:
+def causal_sweep(key: jax.Array, lengths, implementations, *, dtype, **shape) -> list[dict]:
     """Full vs causal latency of each implementation at each T = S, and the speedup.
+
+    Args:
+      shape: `attention_sweep`'s keyword arguments (batch, heads, head_dim, block_size,
+        repeats, materialise_max_length, parallel_blocks), passed to it unchanged.
 
     The full and causal calls alternate, so each repeat gives one paired ratio
     full / causal taken moments apart; `speedup` is the median of those ratios and
     `speedup_low`, `speedup_high` their smallest and largest.
     """
     requests = [(name, dtype, is_causal) for name in implementations for is_causal in (False, True)]
-    sweep = attention_sweep(
-        key,
-        lengths,
-        requests,
-        batch=batch,
-        heads=heads,
-        head_dim=head_dim,
-        block_size=block_size,
-        repeats=repeats,
-        materialise_max_length=materialise_max_length,
-        parallel_blocks=parallel_blocks,
-    )
+    sweep = attention_sweep(key, lengths, requests, **shape)
     rows = []
     for full, causal in zip(sweep[0::2], sweep[1::2]):
         ratios = [f / c for f, c in zip(full["samples"], causal["samples"])]
