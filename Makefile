@@ -60,7 +60,7 @@ $(MATHJAX_STAMP):
 test: venv
 	XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_COMPILATION_CACHE_DIR=$(CURDIR)/_build/jax-cache \
 	  JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
-	  $(BIN)/python -m pytest -n auto --durations=10
+	  $(BIN)/python -m pytest -n auto --dist worksteal --durations=10
 
 # ruff, configured in pyproject.toml: lint and format check of the package, tests and scripts.
 # The transformer step's tokens/s and fraction of the matmul ceiling (a benchmark, not a test).

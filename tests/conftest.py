@@ -1,7 +1,24 @@
+import collections
 import fcntl
 import json
 import os
+import pathlib
+import shutil
 
+# JAX's persistent compilation cache for this process and every process it starts (they
+# inherit the environment): each program compiled once is stored, however short its compile,
+# and a later process (another xdist worker, a worker subprocess, the next run) loads it.
+# Set before jax is imported, which reads them; `make test` sets the same.
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ.get(
+    "JAX_COMPILATION_CACHE_DIR",
+    os.path.abspath(os.path.join(__file__, "..", "..", "_build", "jax-cache")),
+)
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = os.environ.get(
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0"
+)
+os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = os.environ.get(
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0"
+)
 # The tests check values, not speed, and most of their time is XLA compiling many small
 # programs: LLVM's optimisation level 0 compiles ~1.6x faster and computes the same values.
 os.environ["XLA_FLAGS"] = " ".join(
@@ -9,6 +26,7 @@ os.environ["XLA_FLAGS"] = " ".join(
 )
 
 import jax
+import jax.monitoring
 import numpy as np
 import pytest
 
@@ -52,6 +70,31 @@ SMALL_TRANSFORMER = jaxloops.TransformerConfig(
 )
 
 
+# The suite's longest tests (each several seconds: worker processes, whole training runs)
+# start first, so that under `pytest -n auto --dist worksteal` the short ones fill in around
+# them instead of one long test running alone at the end.
+LONG_FIRST = (
+    "test_checkpoint.py::test_resumed_run_equals_the_uninterrupted_run_bit_for_bit",
+    "test_sharding.py::test_sharded_steps_equal_the_single_device_step_within_rounding",
+    "test_checkpoint.py::test_checkpoint_from_8_devices_restores_onto_4",
+    "test_memory_precision.py::test_loss_scaling_recovers_a_run_that_float16_alone_loses",
+    "test_gpu_benchmarks.py::test_a_crash_in_one_measurement_loses_only_that_one",
+    "test_blockwise.py::test_plain_autodiff_control_gives_the_same_gradient_with_more_scratch",
+    "test_transformer.py::test_tiny_model_learns_stdlib_text_with_the_books_train_step",
+    "test_transformer.py::test_blockwise_attention_trains_the_same_model",
+    "test_measure_timing.py::test_a_fresh_process_writes_the_persistent_cache",
+    "test_workers.py::test_one_default_device_simulation_and_cpu_pinned_workers",
+    "test_measure_profile.py::test_the_host_thread_is_found_when_the_interpreter_is_called_python3",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = lambda item: next(
+        (i for i, name in enumerate(LONG_FIRST) if name in item.nodeid), len(LONG_FIRST)
+    )
+    items.sort(key=rank)  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session")
 def small_transformer():
     """Parameters of SMALL_TRANSFORMER (initialised once for the whole session)."""
@@ -87,3 +130,35 @@ def once_per_session(tmp_path_factory, worker_id: str, name: str, compute):
             (root / name).mkdir(exist_ok=True)
             result.write_text(json.dumps(compute(root / name)))
         return json.loads(result.read_text())
+
+
+# What the cache did in this session's processes (not the subprocesses): chapter 1 reads it.
+# `requests`: compiles that may use the cache; `hits`: loaded from it; `writes`: stored in it.
+CACHE_REPORT = pathlib.Path(os.environ["JAX_COMPILATION_CACHE_DIR"]).parent / "test-cache-report"
+_CACHE_EVENTS = {
+    "/jax/compilation_cache/compile_requests_use_cache": "requests",
+    "/jax/compilation_cache/cache_hits": "hits",
+    "/jax/compilation_cache/cache_misses": "writes",  # JAX records it as it writes an entry
+}
+_cache_counts = collections.Counter()
+jax.monitoring.register_event_listener(
+    lambda event, **_: _cache_counts.update(
+        [_CACHE_EVENTS[event]] if event in _CACHE_EVENTS else []
+    )
+)
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the controller, before any worker starts
+        shutil.rmtree(CACHE_REPORT, ignore_errors=True)
+
+
+def pytest_sessionfinish(session):
+    worker = getattr(session.config, "workerinput", {}).get("workerid", "master")
+    if session.config.option.collectonly or (
+        worker == "master" and session.config.getoption("numprocesses", None)
+    ):
+        return  # nothing ran here: collecting only, or the xdist controller (workers report)
+    CACHE_REPORT.mkdir(parents=True, exist_ok=True)
+    counts = {name: _cache_counts[name] for name in _CACHE_EVENTS.values()}
+    (CACHE_REPORT / f"{worker}.json").write_text(json.dumps(counts))

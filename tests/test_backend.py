@@ -28,9 +28,9 @@ def test_sizes_of_every_backend_are_consistent(backend):
     assert 0 < ckpt.kill_epoch < ckpt.epochs and 0 < ckpt.stop_epoch < ckpt.epochs
     assert ckpt.keep_last >= 3 and ckpt.lm_windows >= lm.batch_size
     assert ckpt.lm_text_bytes > ckpt.lm_windows  # room to cut the windows from
-    # The language model's sizes must build a config (divisibility of D by N, N by K).
-    config = jaxloops.TransformerConfig.from_sizes(lm, 97)
-    assert config.head_dim * lm.num_heads == lm.model_dim
+    # The language model's sizes must build a config: TransformerConfig raises ValueError
+    # unless N divides D and K divides N (tests/test_transformer.py feeds it both).
+    jaxloops.TransformerConfig.from_sizes(lm, 97)
     # Chapter 12: the batch and the training rows split evenly over the mesh.
     shard = sizes.sharding
     assert shard.devices >= 2 and shard.batch_size % shard.devices == 0

@@ -1,4 +1,5 @@
-"""Random initial weights for every model of the book, from one normal sample."""
+"""Random initial weights: an MLP's layers as a reader writes them, one key per layer, and
+the one-sample draw every model of the book uses (`draw_normal`)."""
 
 import itertools
 import math
@@ -24,3 +25,22 @@ def draw_normal(key: jax.Array, spec):
             for piece, (shape, fan_in, gain) in zip(pieces, leaves)
         ]
     )
+
+
+def init_mlp_per_layer(key: jax.Array, sizes: tuple[int, ...]) -> dict:
+    """He-initialised dense layers, w ~ N(0, 2 / fan_in) and b = 0, one key per layer:
+    {"dense_0": {"w": (F_0, F_1), "b": (F_1,)}, ...} for widths `sizes`, input to output.
+
+    The same distribution as `jaxloops.init_mlp`, which cuts every layer from one sample
+    (`draw_normal`) instead, so its values differ.
+    """
+    if len(sizes) < 2:
+        raise ValueError(f"sizes {sizes} need at least an input and an output width")
+    keys = jax.random.split(key, len(sizes) - 1)  # one independent key per layer
+    return {
+        f"dense_{i}": {
+            "w": jax.random.normal(k, (fan_in, fan_out)) * math.sqrt(2.0 / fan_in),
+            "b": jnp.zeros((fan_out,)),
+        }
+        for i, (k, fan_in, fan_out) in enumerate(zip(keys, sizes[:-1], sizes[1:]))
+    }

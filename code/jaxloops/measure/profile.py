@@ -159,6 +159,45 @@ def device_op_seconds(spans: list[Span], *, calls: int = 1) -> dict[str, float]:
     return seconds
 
 
+def blocked_share(spans: list[Span]) -> float:
+    """Share of the traced time the Python thread was blocked on the device: in a wait, or
+    in a dispatch (on a CPU backend the "device" shares the Python thread's cores)."""
+    return (busy_seconds(spans, "wait") + busy_seconds(spans, "dispatch")) / max(
+        s.end for s in spans
+    )
+
+
+def wait_count(spans: list[Span]) -> int:
+    """How many times the Python thread waited for the device."""
+    return sum(s.row == "wait" for s in spans)
+
+
+def device_under_host_work(spans: list[Span]) -> float:
+    """Share of the device's busy time during which the host was working too (0 if the
+    trace names no device time)."""
+    return overlap_seconds(spans, "device", HOST_WORK) / max(busy_seconds(spans, "device"), 1e-12)
+
+
+def predicted_blocked_shares(host: float, device: float, every_step: float, never: float):
+    """The blocked shares the overlap model predicts from h = `host`, d = `device` and the
+    measured seconds per step of the fetch-every-step and never-fetch drivers.
+
+    The overlap o is the share of the shorter work that ran beside the other without
+    fetches, (every_step - never) / min(h, d), clipped to [0, 1]. Blocked: d / (h + d) with a
+    fetch every step; (1 - o) min(h, d) / (max(h, d) + (1 - o) min(h, d)) without fetches.
+
+    Returns:
+      {"overlap": o, "fetch every step": ..., "never fetch": ...}.
+    """
+    o = min(max((every_step - never) / min(host, device), 0.0), 1.0)
+    alone = (1 - o) * min(host, device)
+    return {
+        "overlap": o,
+        "fetch every step": device / (host + device),
+        "never fetch": alone / (max(host, device) + alone),
+    }
+
+
 def draw_timeline(ax, spans: list[Span], title: str) -> None:
     """One horizontal bar per span, one row per kind, on a matplotlib axis (milliseconds)."""
     colours = {HOST_WORK: "C1", "dispatch": "C0", "wait": "C3", "device": "C2"}

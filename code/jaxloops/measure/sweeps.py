@@ -241,31 +241,11 @@ def blockwise_tile_parts(
     n_steps = -(-T // Tq) * (heads // per_step) * -(-T // Sb)
     rng = np.random.default_rng(np.asarray(jax.random.key_data(key)))
     draw = lambda *shape: jnp.asarray(rng.standard_normal(shape, np.float32))
-    query, key_, value = (
-        draw(per_step, Tq, head_dim),
-        draw(per_step, Sb, head_dim),
-        draw(per_step, Sb, head_dim),
-    )
-    tiling = Tiling(T, T, Tq, Sb, False)
-    scores = jax.jit(lambda q, k: tile_scores(q, k, 0, 0, tiling))(
-        query, key_
-    )  # (per_step, Tq, Sb)
-    carry = (
-        jnp.full((per_step, Tq), -1e30, jnp.float32),
-        jnp.zeros((per_step, Tq), jnp.float32),
-        jnp.zeros((per_step, Tq, head_dim), jnp.float32),
-    )
     whole = functools.partial(
         blockwise_attention, block_size=block_size, parallel_blocks=parallel_blocks
     )
     parts = {  # part: (function, arguments, calls per attention call)
-        "scores: Q Kᵀ": (lambda q, k: tile_scores(q, k, 0, 0, tiling), (query, key_), n_steps),
-        "online softmax step (all of it)": (online_softmax_step, (carry, scores, value), n_steps),
-        "  of which P V": (
-            lambda p, v: jnp.einsum("...RS,...SH->...RH", p, v),
-            (scores, value),
-            n_steps,
-        ),
+        **_tile_step_parts(draw, T, Tq, Sb, per_step, head_dim, n_steps),
         "whole (blockwise)": (
             whole,
             random_qkv(key, batch=1, length=T, heads=heads, head_dim=head_dim),
@@ -292,6 +272,30 @@ def blockwise_tile_parts(
     whole_row = next(row for row in rows if row["part"] == "whole (blockwise)")
     whole_row["flops"] = whole_row["bytes_accessed"] = whole_row["transcendentals"] = None
     return rows
+
+
+def _tile_step_parts(draw, T: int, Tq: int, Sb: int, per_step: int, head_dim: int, n_steps):
+    """The moves of one key-loop step on `per_step` (Tq, Sb) tiles: {part: (function,
+    arguments, calls per attention call)}, inputs drawn with `draw(*shape)`."""
+    query, key_, value = (
+        draw(per_step, Tq, head_dim),
+        draw(per_step, Sb, head_dim),
+        draw(per_step, Sb, head_dim),
+    )
+    tiling = Tiling(T, T, Tq, Sb, False)
+    step_scores = lambda q, k: tile_scores(q, k, 0, 0, tiling)
+    scores = jax.jit(step_scores)(query, key_)  # (per_step, Tq, Sb)
+    carry = (
+        jnp.full((per_step, Tq), -1e30, jnp.float32),
+        jnp.zeros((per_step, Tq), jnp.float32),
+        jnp.zeros((per_step, Tq, head_dim), jnp.float32),
+    )
+    mix = lambda p, v: jnp.einsum("...RS,...SH->...RH", p, v)
+    return {
+        "scores: Q Kᵀ": (step_scores, (query, key_), n_steps),
+        "online softmax step (all of it)": (online_softmax_step, (carry, scores, value), n_steps),
+        "  of which P V": (mix, (scores, value), n_steps),
+    }
 
 
 def numerics_table(
@@ -332,39 +336,19 @@ def numerics_table(
     return rows
 
 
-def causal_sweep(
-    key: jax.Array,
-    lengths,
-    implementations,
-    *,
-    dtype,
-    batch: int,
-    heads: int,
-    head_dim: int,
-    block_size: int | None,
-    repeats: int,
-    materialise_max_length: int,
-    parallel_blocks: int | None = None,
-) -> list[dict]:
+def causal_sweep(key: jax.Array, lengths, implementations, *, dtype, **shape) -> list[dict]:
     """Full vs causal latency of each implementation at each T = S, and the speedup.
+
+    Args:
+      shape: `attention_sweep`'s keyword arguments (batch, heads, head_dim, block_size,
+        repeats, materialise_max_length, parallel_blocks), passed to it unchanged.
 
     The full and causal calls alternate, so each repeat gives one paired ratio
     full / causal taken moments apart; `speedup` is the median of those ratios and
     `speedup_low`, `speedup_high` their smallest and largest.
     """
     requests = [(name, dtype, is_causal) for name in implementations for is_causal in (False, True)]
-    sweep = attention_sweep(
-        key,
-        lengths,
-        requests,
-        batch=batch,
-        heads=heads,
-        head_dim=head_dim,
-        block_size=block_size,
-        repeats=repeats,
-        materialise_max_length=materialise_max_length,
-        parallel_blocks=parallel_blocks,
-    )
+    sweep = attention_sweep(key, lengths, requests, **shape)
     rows = []
     for full, causal in zip(sweep[0::2], sweep[1::2]):
         ratios = [f / c for f, c in zip(full["samples"], causal["samples"])]
@@ -396,6 +380,13 @@ def random_cache(key: jax.Array, batch: int, length: int, kv_heads: int, head_di
     return jnp.tile(jnp.asarray(tile, dtype), (1, 1, repeats, 1))[:, :, :length]  # (B, K, S, H)
 
 
+@jax.jit
+def _decode_steps(queries, cache_key, cache_value):
+    """Decode steps of queries (steps, B, 1, N, H), each against the whole (B, K, S, H) cache."""
+    start = cache_key.shape[2] - 1  # the last slot: every query reads the whole cache
+    return jax.lax.map(lambda q: decode_attention(q, cache_key, cache_value, start), queries)
+
+
 def decode_sweep(
     key: jax.Array,
     cache_lengths,
@@ -421,31 +412,25 @@ def decode_sweep(
     """
     if steps < 1 or repeats < 1:
         raise ValueError(f"need steps >= 1 and repeats >= 1, got {steps}, {repeats}")
-
-    @jax.jit
-    def decode_steps(queries, cache_key, cache_value):  # queries (steps, B, 1, N, H)
-        start = cache_key.shape[2] - 1  # the last slot: every query reads the whole cache
-        return jax.lax.map(lambda q: decode_attention(q, cache_key, cache_value, start), queries)
-
     queries = random_qkv(
         key, batch=steps * batch, length=1, heads=heads, head_dim=head_dim, dtype=dtype
     )[0].reshape(steps, batch, 1, heads, head_dim)  # (steps, B, 1, N, H)
     rows = []
     for length in cache_lengths:
         caches = {
-            kv: (
-                random_cache(jax.random.fold_in(key, 1), batch, length, kv, head_dim, dtype),
-                random_cache(jax.random.fold_in(key, 2), batch, length, kv, head_dim, dtype),
+            kv: tuple(
+                random_cache(jax.random.fold_in(key, i), batch, length, kv, head_dim, dtype)
+                for i in (1, 2)
             )
             for kv in kv_heads
         }  # (B, K, S, H) each
         runs = {
-            str(kv): functools.partial(decode_steps, queries, *kv_cache)
+            kv: functools.partial(_decode_steps, queries, *kv_cache)
             for kv, kv_cache in caches.items()
         }
         samples = interleaved_samples(runs, repeats)
         for kv, (cache_key, cache_value) in caches.items():
-            median = statistics.median(samples[str(kv)]) / steps
+            median = statistics.median(samples[kv]) / steps
             cache_bytes = cache_key.nbytes + cache_value.nbytes
             rows.append(
                 {
@@ -531,23 +516,3 @@ def decode_layout_control(
         }
         for case in cases
     ]
-
-
-def markdown_table(rows, columns: dict) -> str:
-    """Rows of a sweep as a Markdown table.
-
-    Args:
-      rows: dicts, e.g. from a sweep above.
-      columns: {row key: header}; floats are shown with 3 significant digits, None as "—".
-    """
-
-    def cell(value):
-        if value is None or value == "":
-            return "—"
-        if isinstance(value, float):
-            return f"{value:.3g}"
-        return str(value).replace("|", "\\|").replace("$", "\\$")
-
-    lines = ["| " + " | ".join(columns.values()) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(row.get(key)) for key in columns) + " |" for row in rows]
-    return "\n".join(lines)

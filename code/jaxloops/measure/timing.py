@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import pathlib
 import statistics
 import subprocess
 import time
@@ -133,6 +134,32 @@ def compile_in_fresh_process(cache_dir: str | os.PathLike | None, sizes=None) ->
     if done.returncode != 0:
         raise RuntimeError(f"the compile probe failed:\n{done.stderr[-2000:]}")
     return float(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
+
+
+_BUILD = pathlib.Path(__file__).resolve().parents[3] / "_build"  # in a checkout of the book
+
+
+def suite_cache_report(
+    report_dir: str | os.PathLike = _BUILD / "test-cache-report",
+    cache_dir: str | os.PathLike = _BUILD / "jax-cache",
+) -> dict | None:
+    """What the persistent cache did in the last `make test`, summed over its processes:
+    requests (compiles that may use the cache), hits (loaded from it), writes (compiled, then
+    stored), and entries (programs in `cache_dir` now). None where no test run left a report
+    (tests/conftest.py writes one JSON file per process into `report_dir`).
+    """
+    reports = sorted(pathlib.Path(report_dir).glob("*.json"))
+    if not reports:
+        return None
+    total = {"requests": 0, "hits": 0, "writes": 0}
+    for path in reports:
+        counts = json.loads(path.read_text())
+        if set(counts) != set(total):
+            raise ValueError(f"{path} has counts {sorted(counts)}, expected {sorted(total)}")
+        for name in total:
+            total[name] += counts[name]
+    entries = pathlib.Path(cache_dir).glob("*-cache")
+    return {**total, "processes": len(reports), "entries": sum(1 for _ in entries)}
 
 
 def interleaved_samples(
