@@ -6,18 +6,17 @@ import optax
 import pytest
 
 import jaxloops
+import memory_model
 from conftest import SMALL_TRANSFORMER
 from jaxloops import memory, precision
 
-B, T = 6, 5
 W = 2.0**-20  # a loss this small loses its float16 gradients to underflow
 
 
 @pytest.fixture(scope="module")
 def model():
-    params = jaxloops.init_transformer(jax.random.key(2), SMALL_TRANSFORMER)
-    tokens = jax.random.randint(jax.random.key(3), (B, T + 1), 0, SMALL_TRANSFORMER.vocab_size)
-    return params, jaxloops.Batch(tokens[:, :-1], tokens[:, 1:])
+    params, batch, _, _ = memory_model.model()
+    return params, batch
 
 
 def tiny_loss(params, batch):

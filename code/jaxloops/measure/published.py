@@ -27,6 +27,7 @@ class PublishedPeaks:
     source: str
     interconnect: str | None = None
     interconnect_bytes_per_s: float | None = None
+    memory_bytes: float | None = None  # the board's published HBM capacity (None: not listed)
 
     def flops_per_s(self, precision: str) -> float:
         """Peak FLOP/s of "f32", "tf32" or "bf16"."""
@@ -62,7 +63,11 @@ PUBLISHED = (
     (
         ("H200",),
         PublishedPeaks(
-            "NVIDIA H200 SXM", **_H100_SXM, hbm_bytes_per_s=4.8e12, source="NVIDIA H200 datasheet"
+            "NVIDIA H200 SXM",
+            **_H100_SXM,
+            hbm_bytes_per_s=4.8e12,
+            source="NVIDIA H200 datasheet",
+            memory_bytes=141e9,
         ),
     ),
     (
@@ -74,12 +79,17 @@ PUBLISHED = (
             bf16_flops_per_s=756e12,
             hbm_bytes_per_s=2.0e12,
             source="NVIDIA H100 datasheet",
+            memory_bytes=80e9,
         ),
     ),
     (
         ("H100",),
         PublishedPeaks(
-            "NVIDIA H100 SXM", **_H100_SXM, hbm_bytes_per_s=3.35e12, source="NVIDIA H100 datasheet"
+            "NVIDIA H100 SXM",
+            **_H100_SXM,
+            hbm_bytes_per_s=3.35e12,
+            source="NVIDIA H100 datasheet",
+            memory_bytes=80e9,
         ),
     ),
     (
