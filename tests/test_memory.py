@@ -94,9 +94,9 @@ def test_the_formula_bounds_the_compiled_gradient_and_autodiff_saves_more():
 
 
 def test_compiling_without_llvm_optimisation_assigns_the_same_bytes():
+    fast = measured.grad_program(SMALL_TRANSFORMER, B, T)  # COMPILE_ONLY
     params, tokens = measured.model_shapes(SMALL_TRANSFORMER, B, T, scanned=False)
     grad = jax.value_and_grad(lambda p, b: measured.loss_of()(p, b)[0])
-    fast = measured.measure_compiled(grad, params, tokens)
     full = measured.measure_compiled(grad, params, tokens, options={})
     assert fast.temp == full.temp > 0 and fast.flops == full.flops
 
@@ -110,9 +110,9 @@ def test_remat_under_the_scan_keeps_less():
 
 
 def test_the_scanned_program_does_not_grow_with_layers_and_the_unrolled_one_does():
-    rows = measured.compile_sweep(SMALL_TRANSFORMER, B, T, (2, 4))
+    rows = measured.compile_sweep(SMALL_TRANSFORMER, B, T, (2, 3))
     assert measured.growth(rows, "scanned", "instructions") == 1
-    assert measured.growth(rows, "unrolled", "instructions") > 1.5
+    assert measured.growth(rows, "unrolled", "instructions") > 1.25  # 3 blocks' code, not 2
     assert all(r["compile s"] > 0 for r in rows)
 
 
