@@ -186,7 +186,7 @@ def biggest_model(config, batch, length, budget, *, margin=1.0, **technique) -> 
 
     micro = technique.get("micro", 1)
     return {
-        "L": largest(layers_fit, limit=4096),
+        "L": largest(layers_fit),
         "B": largest(lambda b: fits(config, b), step=micro),
     }
 
