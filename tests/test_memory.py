@@ -1,24 +1,23 @@
 """Remat policies, the scan over layers and the memory formula (jaxloops.memory)."""
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 import jaxloops
+import memory_model
 from conftest import SMALL_TRANSFORMER
 from jaxloops import memory
-
-B, T = 3, 7
+from jaxloops.measure import memory as measured
+from memory_model import B, T
 
 
 @pytest.fixture(scope="module")
 def model():
-    params = jaxloops.init_transformer(jax.random.key(0), SMALL_TRANSFORMER)
-    tokens = jax.random.randint(jax.random.key(1), (B, T + 1), 0, SMALL_TRANSFORMER.vocab_size)
-    batch = jaxloops.Batch(tokens[:, :-1], tokens[:, 1:])
-    grads = jax.grad(lambda p: jaxloops.transformer_loss(p, batch)[0])(params)
+    params, batch, _, grads = memory_model.model()
     return params, batch, grads
 
 
@@ -82,21 +81,39 @@ def test_the_activation_formula_counts_each_term():
     assert memory.activation_bytes(c, B, T, itemsize=2)["total"] == got["total"] // 2
 
 
-def test_the_formula_bounds_the_compiled_gradient_from_below():
-    from jaxloops.measure import memory as measured
-
+def test_the_formula_bounds_the_compiled_gradient_and_autodiff_saves_more():
     row = measured.formula_sweep(SMALL_TRANSFORMER, [(B, T, 2)])[0]
     assert row["formula"] <= row["compiled"] <= row["autodiff"]
+    census = measured.residual_census(SMALL_TRANSFORMER, B, T)
+    assert census["bytes"] == row["autodiff"] and census["scores"] > 1 and census["hidden"] > 2
+    # print_saved_residuals' lines, parsed: the (B, N, T, S) softmax weights are among them.
+    shapes = [shape for _, shape, _ in measured.saved_residuals(SMALL_TRANSFORMER, B, T)]
+    assert any(
+        s[-2:] == (T, T) and math.prod(s) == B * SMALL_TRANSFORMER.num_heads * T * T for s in shapes
+    )
+
+
+def test_compiling_without_llvm_optimisation_assigns_the_same_bytes():
+    fast = measured.grad_program(SMALL_TRANSFORMER, B, T)  # COMPILE_ONLY
+    params, tokens = measured.model_shapes(SMALL_TRANSFORMER, B, T, scanned=False)
+    grad = jax.value_and_grad(lambda p, b: measured.loss_of()(p, b)[0])
+    full = measured.measure_compiled(grad, params, tokens, options={})
+    assert fast.temp == full.temp > 0 and fast.flops == full.flops
 
 
 def test_remat_under_the_scan_keeps_less():
-    from jaxloops.measure import memory as measured
-
     c = dataclasses.replace(SMALL_TRANSFORMER, num_layers=3)
     none = measured.grad_program(c, B, T, scanned=True)
     nothing = measured.grad_program(c, B, T, scanned=True, policy="nothing")
     assert nothing.temp < none.temp
     assert nothing.flops > none.flops  # it recomputes
+
+
+def test_the_scanned_program_does_not_grow_with_layers_and_the_unrolled_one_does():
+    rows = measured.compile_sweep(SMALL_TRANSFORMER, B, T, (2, 3))
+    assert measured.growth(rows, "scanned", "instructions") == 1
+    assert measured.growth(rows, "unrolled", "instructions") > 1.25  # 3 blocks' code, not 2
+    assert all(r["compile s"] > 0 for r in rows)
 
 
 def test_a_policy_that_does_not_exist_is_refused_by_name():
@@ -117,19 +134,65 @@ def test_remat_keeps_the_block_inputs_and_one_block():
     assert remat < full["total"]
 
 
-def test_largest_fitting_is_the_largest_and_refuses_a_margin_below_one():
-    assert memory.largest_fitting(10, 5, 100) == 9  # 9 * 10 + 5 = 95 <= 100 < 105
-    assert memory.largest_fitting(10, 5, 100, margin=2.5) == 3  # 3 * 25 + 5 = 80 < 105
-    assert memory.largest_fitting(10, 200, 100) == 0
-    with pytest.raises(ValueError, match="got 10, 0.5"):
-        memory.largest_fitting(10, 5, 100, margin=0.5)
+def test_step_bytes_counts_each_technique():
+    c = SMALL_TRANSFORMER
+    P, state = memory.parameter_count(c), sum(memory.state_bytes(c).values())
+    full = memory.activation_bytes(c, B, T)["total"]
+    assert memory.step_bytes(c, B, T) == (state, full)
+    assert memory.step_bytes(c, B, T, micro=3) == (
+        state + 4 * P,  # the float32 gradient sum
+        memory.activation_bytes(c, B // 3, T)["total"],
+    )
+    assert memory.step_bytes(c, B, T, itemsize=2) == (state + 2 * P, full // 2)
+    assert memory.step_bytes(c, B, T, remat=True)[1] == memory.remat_activation_bytes(c, B, T)
+    with pytest.raises(ValueError, match="M = 4 micro-batches must be >= 1 and divide the batch 6"):
+        memory.step_bytes(c, B, T, micro=4)
 
 
-def test_the_biggest_batch_table_multiplies_accumulation_by_m():
-    from jaxloops.measure import memory as measured
+def test_largest_is_the_largest_multiple_that_fits():
+    assert memory.largest(lambda n: n * 10 + 5 <= 100) == 9  # 95 fits, 105 does not
+    assert memory.largest(lambda n: n <= 10, step=4) == 8
+    assert memory.largest(lambda n: False) == 0
+    assert memory.largest(lambda n: n < 2**20, limit=100) == 100
 
-    rows = measured.biggest_batch_table(SMALL_TRANSFORMER, T, 10**7, margin=2.0, micro=4)
-    none, remat, acc, both = rows
-    assert remat["largest B"] > none["largest B"] >= none["safe B"]
-    assert acc["largest B"] % 4 == 0 and acc["largest B"] > none["largest B"]
-    assert both["safe B"] >= acc["safe B"]
+
+@pytest.mark.parametrize("technique", [{}, {"remat": True}, {"micro": 2}, {"itemsize": 2}])
+def test_the_biggest_model_fits_and_one_more_layer_or_example_does_not(technique):
+    c, budget, margin = SMALL_TRANSFORMER, 2 * 10**6, 2.0
+    got = memory.biggest_model(c, B, T, budget, margin=margin, **technique)
+
+    def held(config, batch):
+        fixed, residuals = memory.step_bytes(config, batch, T, **technique)
+        return fixed + margin * residuals
+
+    deeper = dataclasses.replace(c, num_layers=got["L"] + 1)
+    assert held(dataclasses.replace(c, num_layers=got["L"]), B) <= budget < held(deeper, B)
+    step = technique.get("micro", 1)
+    assert got["B"] % step == 0 and held(c, got["B"]) <= budget < held(c, got["B"] + step)
+    with pytest.raises(ValueError, match="got 0.5, 1000"):
+        memory.biggest_model(c, B, T, 1000, margin=0.5, **technique)
+
+
+def test_the_biggest_model_table_predicts_and_the_compiled_step_confirms():
+    rows = measured.biggest_model_table(SMALL_TRANSFORMER, 8, T, 3 * 10**6, 2.5, confirm=None)
+    by = {r["technique"]: r for r in rows}
+    assert set(by) == set(measured.TECHNIQUES)
+    assert by["remat (in a scan)"]["safe L"] > by["none"]["safe L"] >= 1
+    assert all(r["largest L"] >= r["safe L"] for r in rows)
+    c = dataclasses.replace(SMALL_TRANSFORMER, num_layers=by["none"]["safe L"])
+    assert 0 < measured.held_bytes(c, 8, T, measured.TECHNIQUES["none"]) <= 3 * 10**6
+
+
+def test_the_published_table_uses_each_boards_memory():
+    assert measured.published_peaks("NVIDIA H200").memory_bytes == 141e9
+    rows = measured.published_biggest_models(SMALL_TRANSFORMER, 8, T, 0.9, 2.5, ["H100", "H200"])
+    h100, h200 = ({r["technique"]: r for r in rows if b in r["board"]} for b in ("H100", "H200"))
+    assert h200["none"]["budget GB"] == pytest.approx(0.9 * 141)
+    assert all(h200[k]["safe L"] >= h100[k]["safe L"] for k in h100)
+
+
+def test_a_gpu_run_without_bf16_steps_records_no_row():
+    assert measured.recorded_bf16_steps(None) is None
+    assert measured.recorded_bf16_steps({"device": "NVIDIA H200"}) is None
+    rows = [{"dtype": "bfloat16", "step ms": 1.5}]
+    assert measured.recorded_bf16_steps({"memory_steps": rows}) == rows

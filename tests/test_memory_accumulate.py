@@ -6,19 +6,16 @@ import optax
 import pytest
 
 import jaxloops
+import memory_model
 from conftest import SMALL_TRANSFORMER
 from jaxloops import accumulate, memory
-
-B, T = 6, 5
+from jaxloops.measure import memory as measured
+from memory_model import B, T
 
 
 @pytest.fixture(scope="module")
 def model():
-    params = jaxloops.init_transformer(jax.random.key(2), SMALL_TRANSFORMER)
-    tokens = jax.random.randint(jax.random.key(3), (B, T + 1), 0, SMALL_TRANSFORMER.vocab_size)
-    batch = jaxloops.Batch(tokens[:, :-1], tokens[:, 1:])
-    loss, grads = jax.value_and_grad(lambda p: jaxloops.transformer_loss(p, batch)[0])(params)
-    return params, batch, loss, grads
+    return memory_model.model()
 
 
 def loss_fn(params, batch):
@@ -76,19 +73,15 @@ def test_the_accumulating_step_and_multisteps_take_the_same_update(model):
 
 
 def test_accumulation_keeps_less_scratch_as_m_grows():
-    from jaxloops.measure import memory as measured
-
-    one = measured.accumulation_program(SMALL_TRANSFORMER, B, T, 1)
-    three = measured.accumulation_program(SMALL_TRANSFORMER, B, T, 3)
+    one = measured.grad_program(SMALL_TRANSFORMER, B, T)
+    three = measured.grad_program(SMALL_TRANSFORMER, B, T, micro=3)
     assert three.temp < one.temp
 
 
 @pytest.mark.parametrize("M", [4, 5, 0, -2, 2.0])
 def test_an_m_that_does_not_divide_the_batch_is_refused_by_value(model, M):
     _, batch, _, _ = model
-    with pytest.raises(
-        ValueError, match=f"{M!r}|M = {M} micro-batches do not divide the batch of 6"
-    ):
+    with pytest.raises(ValueError, match=f"{M!r}|batch of 6 does not split into {M} equal"):
         accumulate.split_micro(batch, M)
 
 

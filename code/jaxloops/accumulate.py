@@ -18,7 +18,7 @@ def split_micro(batch, num_micro: int):
     size = jax.tree.leaves(batch)[0].shape[0]
     if size % num_micro:
         raise ValueError(
-            f"M = {num_micro} micro-batches do not divide the batch of {size} examples; "
+            f"the batch of {size} does not split into {num_micro} equal micro-batches; "
             "unequal micro-batches would weight their examples unequally"
         )
     return jax.tree.map(

@@ -112,7 +112,8 @@ class MemorySizes:
     seq_len: int  # T
     sweep_batches: tuple[int, ...]  # B of the formula-against-compiled sweep
     sweep_lengths: tuple[int, ...]  # T of that sweep
-    sweep_layers: tuple[int, ...]  # L of that sweep, and of the compile-time figure
+    sweep_layers: tuple[int, ...]  # L of that sweep
+    compile_layers: tuple[int, ...]  # L of the compile-time figure (unrolled against scanned)
     micro_batches: tuple[int, ...]  # M of the accumulation sweep (each divides batch_size)
     train_steps: int  # steps of the precision runs
     text_bytes: int  # standard-library text the training windows are cut from
@@ -201,15 +202,16 @@ _CPU = Sizes(
     ),
     memory=MemorySizes(
         layers=4,
-        batch_size=16,
+        batch_size=8,
         seq_len=64,
-        sweep_batches=(4, 16),
+        sweep_batches=(2, 8),
         sweep_lengths=(16, 64),
-        sweep_layers=(1, 2, 4),
-        micro_batches=(1, 2, 4),
-        train_steps=60,
+        sweep_layers=(1, 4),
+        compile_layers=(4, 24),  # the unrolled compile grows ~2x from 4 to 24, the scanned not
+        micro_batches=(1, 4),
+        train_steps=30,
         text_bytes=2**16,
-        budget_mib=64,
+        budget_mib=16,
     ),
 )
 
@@ -286,7 +288,8 @@ _GPU = Sizes(
         sweep_batches=(8, 32),
         sweep_lengths=(64, 256),
         sweep_layers=(1, 2, 4, 8),
-        micro_batches=(1, 2, 4, 8),
+        compile_layers=(8, 32),
+        micro_batches=(1, 4),
         train_steps=200,
         text_bytes=2**20,
         budget_mib=4096,

@@ -6,6 +6,7 @@ residuals (the activations the backward pass reads) is `activation_bytes`; the s
 other state (parameters, gradients, AdamW's two moments) is `state_bytes`.
 """
 
+import dataclasses
 import math
 
 import jax
@@ -137,11 +138,57 @@ def remat_activation_bytes(config: TransformerConfig, batch: int, length: int, i
     return inputs + full["per_layer"] + full["head"]
 
 
-def largest_fitting(per_example: int, fixed: int, budget: int, margin: float = 1.0) -> int:
-    """The largest B with margin * B * per_example + fixed <= budget (0 if none fits)."""
-    if per_example < 1 or margin < 1:
-        raise ValueError(f"need per_example >= 1 and margin >= 1, got {per_example}, {margin}")
-    return max(0, int((budget - fixed) // (margin * per_example)))
+def step_bytes(config, batch: int, length: int, *, remat=False, micro=1, itemsize=4):
+    """What the formula says a train step holds, as (fixed bytes, residual bytes).
+
+    Fixed: float32 parameters, gradients and AdamW's two moments; plus the float32 gradient
+    sum when accumulating over `micro` > 1 micro-batches, and the 16-bit copy of the
+    parameters when computing in `itemsize` < 4 bytes. Residuals: those of B / micro
+    examples, of `itemsize` bytes each, under remat with nothing saved per block or not.
+    """
+    if micro < 1 or batch % micro:
+        raise ValueError(f"M = {micro} micro-batches must be >= 1 and divide the batch {batch}")
+    state = state_bytes(config)
+    fixed = sum(state.values()) + (state["grads"] if micro > 1 else 0)
+    fixed += itemsize * parameter_count(config) if itemsize < 4 else 0
+    micro_batch = batch // micro
+    if remat:
+        return fixed, remat_activation_bytes(config, micro_batch, length, itemsize)
+    return fixed, activation_bytes(config, micro_batch, length, itemsize)["total"]
+
+
+def largest(fits, limit: int = 2**16, step: int = 1) -> int:
+    """The largest multiple n of `step` in [step, limit] with fits(n), for a `fits` that
+    holds up to some n and fails beyond it (0 if not even n = step fits)."""
+    low, high = 0, limit // step  # fits(low * step) is taken to hold, fits(high + 1) to fail
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid * step) else (low, mid - 1)
+    return low * step
+
+
+def biggest_model(config, batch, length, budget, *, margin=1.0, **technique) -> dict:
+    """The largest L (at this batch) and the largest B (at config's L, a multiple of the
+    micro-batch count) whose `step_bytes` fit `budget`, the residuals multiplied by `margin`.
+
+    Args:
+      technique: `step_bytes`'s remat, micro and itemsize.
+    """
+    if margin < 1 or budget < 1:
+        raise ValueError(f"need margin >= 1 and budget >= 1 byte, got {margin}, {budget}")
+
+    def fits(c, b):
+        fixed, residuals = step_bytes(c, b, length, **technique)
+        return fixed + margin * residuals <= budget
+
+    def layers_fit(n):
+        return fits(dataclasses.replace(config, num_layers=n), batch)
+
+    micro = technique.get("micro", 1)
+    return {
+        "L": largest(layers_fit),
+        "B": largest(lambda b: fits(config, b), step=micro),
+    }
 
 
 def parameter_count(config: TransformerConfig) -> int:

@@ -1,23 +1,32 @@
 """Chapter 14's measurements: what compiled train steps keep, recompute and cost to compile.
 
 Programs are compiled from shapes alone (`jax.eval_shape`), so a memory figure needs no
-execution; `memory_analysis()` is then exact for the program XLA built.
+execution; `memory_analysis()` is then exact for the program XLA built. They are compiled
+with LLVM's optimisations off (COMPILE_ONLY): XLA assigns every buffer before LLVM runs, so
+the bytes are those of the default build (tests/test_memory.py checks it), at half the
+compile time.
 """
 
+import contextlib
 import dataclasses
 import functools
+import io
 import math
+import re
 import time
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import print_saved_residuals
 
 from jaxloops import memory
-from jaxloops.accumulate import make_accumulating_step
+from jaxloops.accumulate import accumulated_grads
 from jaxloops.data import Batch
-from jaxloops.measure.compiled import compile_call, costs_of
-from jaxloops.train import make_optimizer
+from jaxloops.measure.published import published_peaks
+from jaxloops.precision import compute_in
 from jaxloops.transformer import TransformerConfig, init_transformer
+
+COMPILE_ONLY = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,27 +36,29 @@ class Measured:
     temp: int  # scratch bytes the program allocates (residuals and intermediates)
     argument: int
     output: int
-    alias: int
     flops: float  # cost analysis: a loop body is counted once, not once per trip
     instructions: int  # HLO instructions of the optimized program
-    compile_seconds: float
+    compile_seconds: float  # CPU seconds to trace, lower and compile (all threads)
     program: object = dataclasses.field(default=None, compare=False, repr=False)  # callable
 
 
-def measure_compiled(fn, *args) -> Measured:
-    """`memory_analysis()` and `cost_analysis()` of `jax.jit(fn)(*args)`; compiles only."""
-    start = time.perf_counter()
-    compiled = compile_call(fn, *args)
-    seconds = time.perf_counter() - start
+def measure_compiled(fn, *args, options=COMPILE_ONLY) -> Measured:
+    """`memory_analysis()` and `cost_analysis()` of `jax.jit(fn)(*args)`; compiles only.
+
+    Compile time is CPU time (`time.process_time`): on a shared machine other processes
+    stretch the wall clock, not the work this one does."""
+    start = time.process_time()
+    compiled = jax.jit(fn).lower(*args).compile(compiler_options=options)
+    seconds = time.process_time() - start
     stats = compiled.memory_analysis()
-    text = compiled.as_text()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     return Measured(
         temp=int(stats.temp_size_in_bytes),
         argument=int(stats.argument_size_in_bytes),
         output=int(stats.output_size_in_bytes),
-        alias=int(stats.alias_size_in_bytes),
-        flops=costs_of(compiled)["flops"],
-        instructions=sum(" = " in line for line in text.splitlines()),
+        flops=float(cost.get("flops", 0.0)),
+        instructions=sum(" = " in line for line in compiled.as_text().splitlines()),
         compile_seconds=seconds,
         program=compiled,
     )
@@ -62,111 +73,184 @@ def model_shapes(config: TransformerConfig, batch: int, length: int, scanned: bo
     return params, Batch(tokens, tokens)
 
 
-def loss_of(scanned: bool, policy: str | None, whole: bool = False):
-    """The scalar loss `(params, batch) -> loss` of one variant of the chapter's model."""
+def loss_of(scanned=False, policy=None, whole=False, dtype=None):
+    """`(params, batch) -> (loss, metrics)` of one variant of the chapter's model: scanned or
+    unrolled, remat `policy` per block (or around the `whole` loss), computing in `dtype`."""
     base = memory.scanned_loss if scanned else memory.remat_loss
     if whole:
         wrapped = jax.checkpoint(base, policy=memory.remat_policy(policy), static_argnums=(2,))
-        return lambda params, batch: wrapped(params, batch, None)[0]
-    return lambda params, batch: base(params, batch, policy)[0]
+        loss = lambda params, batch: wrapped(params, batch, None)  # noqa: E731
+    else:
+        loss = lambda params, batch: base(params, batch, policy)  # noqa: E731
+    return loss if dtype is None else compute_in(loss, dtype)
+
+
+def grad_program(config, batch: int, length: int, *, scanned=False, policy=None, whole=False,
+                 micro=1, dtype=None) -> Measured:  # fmt: skip
+    """Measured of one variant's compiled gradient (cached): `jax.value_and_grad` of
+    `loss_of(...)`, or with `micro` > 1 `accumulated_grads` over that many micro-batches.
+    Its `program` runs on real parameters and batch of those shapes."""
+    return _grad_program(config, batch, length, scanned, policy, whole, micro, dtype)
 
 
 @functools.lru_cache(maxsize=64)
-def grad_program(config, batch: int, length: int, scanned=False, policy=None, whole=False):
-    """Measured of the compiled `jax.value_and_grad(loss)` of one variant (cached); its
-    `program` runs on real parameters and batch of those shapes."""
+def _grad_program(config, batch, length, scanned, policy, whole, micro, dtype) -> Measured:
     params, tokens = model_shapes(config, batch, length, scanned)
-    return measure_compiled(jax.value_and_grad(loss_of(scanned, policy, whole)), params, tokens)
+    loss = loss_of(scanned, policy, whole, dtype)
+    if micro > 1:
+        return measure_compiled(lambda p, b: accumulated_grads(loss, p, b, micro), params, tokens)
+    return measure_compiled(jax.value_and_grad(lambda p, b: loss(p, b)[0]), params, tokens)
 
 
-def saved_residual_bytes(config: TransformerConfig, batch: int, length: int, policy=None) -> dict:
-    """What autodiff saves for the backward pass (the residuals of `jax.vjp`), from shapes.
+_RESIDUAL = re.compile(r"^(\w+)\[([\d,]*)\] (.*)$")
 
-    Returns:
-      {"total": bytes besides the parameters, "scores": how many residuals per layer have
-       the (B, N, T, S) size of the attention weights, "hidden": how many the (B, T, F) size}.
-    """
+
+@functools.lru_cache(maxsize=16)
+def saved_residuals(config: TransformerConfig, batch: int, length: int) -> list[tuple]:
+    """What autodiff saves for the backward pass of the unrolled loss, read from
+    `jax.ad_checkpoint.print_saved_residuals`: (bytes per element, shape, where from) per
+    residual, the arguments (parameters and tokens) left out."""
     params, tokens = model_shapes(config, batch, length, scanned=False)
-    loss = loss_of(False, policy)
-    residuals = jax.eval_shape(lambda p, b: jax.vjp(lambda q: loss(q, b), p)[1], params, tokens)
-    B, T, L, F = batch, length, config.num_layers, config.hidden_dim
-    shapes = [a.shape for a in jax.tree.leaves(residuals)]
-    scores = [
-        s for s in shapes if s[-2:] == (T, T) and math.prod(s) == B * config.num_heads * T * T
-    ]
-    hidden = [s for s in shapes if s[-1:] == (F,) and math.prod(s) == B * T * F]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_saved_residuals(lambda p, b: loss_of()(p, b)[0], params, tokens)
+    rows = []
+    for line in printed.getvalue().splitlines():
+        dtype, dims, source = _RESIDUAL.match(line).groups()  # e.g. f32 [16,4,64,64] output of
+        if not source.startswith("from the argument"):
+            bits = int(re.sub(r"\D", "", dtype) or 8)  # f32, bf16, i32; bool is one byte
+            rows.append((bits // 8, tuple(int(d) for d in dims.split(",") if d), source))
+    return tuple(rows)
+
+
+def residual_census(config: TransformerConfig, batch: int, length: int) -> dict:
+    """`saved_residuals` summed: their bytes, and per layer how many have the (B, N, T, S)
+    size of the attention weights and how many the (B, T, F) size of the hidden layer."""
+    rows = saved_residuals(config, batch, length)
+    sizes = [math.prod(shape) for _, shape, _ in rows]
+    L, F = config.num_layers, config.hidden_dim
     return {
-        "total": memory.tree_bytes(residuals) - memory.tree_bytes(params),
-        "scores": len(scores) / L,
-        "hidden": len(hidden) / L,
+        "bytes": sum(n * itemsize for n, (itemsize, _, _) in zip(sizes, rows)),
+        "scores": sum(n == batch * config.num_heads * length**2 for n in sizes) / L,
+        "hidden": sum(n == batch * length * F for n in sizes) / L,
     }
 
 
 def formula_sweep(config: TransformerConfig, points) -> list[dict]:
     """For each (B, T, L): the formula's bytes, the compiled gradient's temp bytes, and the
-    residuals autodiff saves."""
+    residuals autodiff saves (`print_saved_residuals`), with the two ratios to the formula."""
     rows = []
     for B, T, L in points:
         c = dataclasses.replace(config, num_layers=L)
-        rows.append(
-            {
-                "B": B,
-                "T": T,
-                "L": L,
-                "formula": memory.activation_bytes(c, B, T)["total"],
-                "compiled": grad_program(c, B, T).temp,
-                "autodiff": saved_residual_bytes(c, B, T)["total"],
-            }
-        )
+        row = {"B": B, "T": T, "L": L, "formula": memory.activation_bytes(c, B, T)["total"]}
+        row["compiled"] = grad_program(c, B, T).temp
+        row["autodiff"] = residual_census(c, B, T)["bytes"]
+        row["compiled / formula"] = row["compiled"] / row["formula"]
+        row["autodiff / formula"] = row["autodiff"] / row["formula"]
+        rows.append(row)
     return rows
 
 
-def best_seconds(fn, *args, repeats: int = 5) -> float:
-    """Fastest of `repeats` timed calls of `fn(*args)` after one warm-up (a busy machine only
-    slows a call down)."""
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-@functools.lru_cache(maxsize=16)
-def accumulation_program(config, batch: int, length: int, num_micro: int) -> Measured:
-    """Measured of the compiled AdamW step accumulating over M micro-batches (cached)."""
-    params, tokens = model_shapes(config, batch, length, scanned=False)
-    optimizer = make_optimizer(1e-3, 0.1)
-    opt_state = jax.eval_shape(optimizer.init, params)
-    step = make_accumulating_step(memory.remat_loss, optimizer, num_micro)
-    return measure_compiled(step, params, opt_state, tokens)
-
-
-def biggest_batch_table(config, length: int, budget: int, margin: float, micro: int) -> list:
-    """For each technique: the formula's bytes per example, the fixed bytes (AdamW state;
-    plus the gradient sum under accumulation), the largest B the formula allows, and the
-    largest with the residuals multiplied by `margin` (the compiled program's measured
-    excess over the formula). Accumulation over `micro` micro-batches holds one micro-batch's
-    residuals, so its B is `micro` times the largest micro-batch."""
-    state = sum(memory.state_bytes(config).values())
-    grads = memory.state_bytes(config)["grads"]
-    plain = memory.activation_bytes(config, 1, length)["total"]
-    remat = memory.remat_activation_bytes(config, 1, length)
+def compile_sweep(config: TransformerConfig, batch: int, length: int, layers) -> list[dict]:
+    """HLO instructions and compile CPU seconds of the gradient, unrolled and scanned, per L."""
     rows = []
-    for name, per_example, fixed, m in (
-        ("none", plain, state, 1),
-        ("remat (nothing saved)", remat, state, 1),
-        (f"accumulation, M = {micro}", plain, state + grads, micro),
-        (f"remat and accumulation, M = {micro}", remat, state + grads, micro),
-    ):
-        rows.append(
-            {
-                "technique": name,
-                "bytes per example": per_example,
-                "fixed bytes": fixed,
-                "largest B": m * memory.largest_fitting(per_example, fixed, budget),
-                "safe B": m * memory.largest_fitting(per_example, fixed, budget, margin),
-            }
-        )
+    for L in layers:
+        c = dataclasses.replace(config, num_layers=L)
+        for kind in ("unrolled", "scanned"):
+            m = grad_program(c, batch, length, scanned=kind == "scanned")
+            rows.append(
+                {
+                    "L": L,
+                    "kind": kind,
+                    "instructions": m.instructions,
+                    "compile s": m.compile_seconds,
+                }
+            )
     return rows
+
+
+def growth(rows: list[dict], kind: str, key: str) -> float:
+    """`key` at the largest L over `key` at the smallest, for one kind of `compile_sweep`."""
+    line = sorted((r for r in rows if r["kind"] == kind), key=lambda r: r["L"])
+    return line[-1][key] / line[0][key]
+
+
+# The chapter's techniques, as `grad_program` builds them and as `memory.step_bytes` counts
+# them; M = 4 micro-batches where a technique accumulates.
+TECHNIQUES = {
+    "none": {},
+    "remat (in a scan)": {"scanned": True, "policy": "nothing"},
+    "accumulation, M = 4": {"micro": 4},
+    "remat and accumulation": {"scanned": True, "policy": "nothing", "micro": 4},
+    "bfloat16 compute": {"dtype": jnp.bfloat16},
+}
+
+
+def formula_technique(program: dict) -> dict:
+    """`memory.step_bytes`'s arguments for one of TECHNIQUES."""
+    itemsize = 4 if program.get("dtype") is None else jnp.dtype(program["dtype"]).itemsize
+    return {"remat": "policy" in program, "micro": program.get("micro", 1), "itemsize": itemsize}
+
+
+def held_bytes(config, batch: int, length: int, program: dict) -> int:
+    """Bytes the compiled step holds: the gradient program's scratch, arguments and outputs,
+    and AdamW's two float32 moments (which the gradient program does not see)."""
+    m = grad_program(config, batch, length, **program)
+    return m.temp + m.argument + m.output + memory.state_bytes(config)["adam"]
+
+
+def biggest_model_table(config, batch, length, budget, margin, confirm="L") -> list[dict]:
+    """Per technique: the largest L and B the formula allows within `budget` bytes, exactly
+    and with the residuals times `margin`; then the bytes the compiled step holds at the
+    margin's L (`confirm="L"`), or at its B (`confirm="B"`), or nothing (None)."""
+    rows = []
+    for name, program in TECHNIQUES.items():
+        technique = formula_technique(program)
+        exact = memory.biggest_model(config, batch, length, budget, **technique)
+        safe = memory.biggest_model(config, batch, length, budget, margin=margin, **technique)
+        row = {
+            "technique": name,
+            "largest L": exact["L"],
+            "safe L": safe["L"],
+            "largest B": exact["B"],
+            "safe B": safe["B"],
+        }
+        held = None
+        if confirm == "L" and safe["L"]:
+            held = held_bytes(
+                dataclasses.replace(config, num_layers=safe["L"]), batch, length, program
+            )
+        if confirm == "B" and safe["B"]:
+            held = held_bytes(config, safe["B"], length, program)
+        row[f"compiled MiB at safe {confirm}"] = None if held is None else held / 2**20
+        rows.append(row)
+    return rows
+
+
+def published_biggest_models(config, batch, length, fraction, margin, boards) -> list[dict]:
+    """The formula's largest L and B per technique for a `fraction` of each board's published
+    memory (`measure.published`): predicted only, nothing compiled on that board."""
+    rows = []
+    for board in boards:
+        peaks = published_peaks(board)
+        budget = fraction * peaks.memory_bytes
+        for name, program in TECHNIQUES.items():
+            technique = formula_technique(program)
+            safe = memory.biggest_model(config, batch, length, budget, margin=margin, **technique)
+            rows.append(
+                {
+                    "board": peaks.board,
+                    "budget GB": budget / 1e9,
+                    "technique": name,
+                    "safe L": safe["L"],
+                    "safe B": safe["B"],
+                }
+            )
+    return rows
+
+
+def recorded_bf16_steps(results: dict | None) -> list[dict] | None:
+    """A GPU run's chapter-14 step times in float32 and bfloat16 (`results["memory_steps"]`,
+    rows as `scripts/gpu_run.sh` would record them), or None where the run has none."""
+    rows = (results or {}).get("memory_steps")
+    return list(rows) if rows else None

@@ -30,6 +30,7 @@ class PublishedPeaks:
     # What one ring over one mesh axis gets of it, per chip and direction: all of NVLink
     # (a switch links every pair of GPUs), 2 of a TPU v5p's 6 torus links.
     ring_bytes_per_s: float | None = None
+    memory_bytes: float | None = None  # the board's published HBM capacity (None: not listed)
 
     def flops_per_s(self, precision: str) -> float:
         """Peak FLOP/s of "f32", "tf32" or "bf16"."""
@@ -66,7 +67,11 @@ PUBLISHED = (
     (
         ("H200",),
         PublishedPeaks(
-            "NVIDIA H200 SXM", **_H100_SXM, hbm_bytes_per_s=4.8e12, source="NVIDIA H200 datasheet"
+            "NVIDIA H200 SXM",
+            **_H100_SXM,
+            hbm_bytes_per_s=4.8e12,
+            source="NVIDIA H200 datasheet",
+            memory_bytes=141e9,
         ),
     ),
     (
@@ -78,12 +83,17 @@ PUBLISHED = (
             bf16_flops_per_s=756e12,
             hbm_bytes_per_s=2.0e12,
             source="NVIDIA H100 datasheet",
+            memory_bytes=80e9,
         ),
     ),
     (
         ("H100",),
         PublishedPeaks(
-            "NVIDIA H100 SXM", **_H100_SXM, hbm_bytes_per_s=3.35e12, source="NVIDIA H100 datasheet"
+            "NVIDIA H100 SXM",
+            **_H100_SXM,
+            hbm_bytes_per_s=3.35e12,
+            source="NVIDIA H100 datasheet",
+            memory_bytes=80e9,
         ),
     ),
     (

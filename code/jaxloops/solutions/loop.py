@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxloops.accumulate import make_accumulating_step
 from jaxloops.data import Batch, epoch_batches
 from jaxloops.train import decay_mask, make_optimizer
 
@@ -131,30 +132,11 @@ def make_clipped_optimizer(learning_rate: float, weight_decay: float, max_norm: 
 def make_accumulating_train_step(loss_fn, optimizer, num_micro: int):
     """A train step that averages gradients over `num_micro` equal slices of the batch.
 
-    Each slice's forward and backward pass runs inside a `lax.scan`, so activations are held
-    for one slice at a time; the single optimizer update sees the mean gradient, which equals
-    the full batch's gradient for a mean loss.
+    Each slice's forward and backward pass runs inside a `lax.scan` (chapter 14's
+    `accumulated_grads`), so activations are held for one slice at a time; the single
+    optimizer update sees the mean gradient, which equals the full batch's for a mean loss.
     """
-
-    def train_step(params, opt_state, batch):
-        size = batch.x.shape[0]
-        if size % num_micro:
-            raise ValueError(f"batch of {size} does not split into {num_micro} equal micro-batches")
-        micro = jax.tree.map(
-            lambda a: a.reshape(num_micro, size // num_micro, *a.shape[1:]), batch
-        )  # (B, ...) -> (M, B/M, ...)
-
-        def body(grad_sum, micro_batch):
-            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, micro_batch)
-            return jax.tree.map(jnp.add, grad_sum, grads), {"loss": loss, **aux}
-
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        grad_sum, metrics = jax.lax.scan(body, zeros, micro)
-        grads = jax.tree.map(lambda g: g / num_micro, grad_sum)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, jax.tree.map(jnp.mean, metrics)
-
-    return train_step
+    return make_accumulating_step(loss_fn, optimizer, num_micro)
 
 
 def host_syncs(num_steps: int, log_every: int | None) -> int:
