@@ -86,3 +86,18 @@ def test_fit_stops_early_and_the_best_checkpoint_is_kept_and_restored(digits, ke
     assert metrics(params)["val_loss"] != losses[best]  # the last is not the best
     with pytest.raises(ValueError, match=f"no checkpoint of step {best - 1}"):
         validation.restore_step(manager, best - 1, key, params, opt_state)
+
+
+def test_seeds_separate_only_when_their_ranges_do_not_overlap():
+    assert validation.seeds_separate([1.0, 1.2, 1.1], [1.3, 1.5])
+    assert validation.seeds_separate([1.3, 1.5], [1.0, 1.2, 1.1])
+    assert not validation.seeds_separate([1.0, 1.4, 1.1], [1.3, 1.5])  # one run overlaps
+    assert not validation.seeds_separate([1.0, 1.3], [1.3, 1.5])  # a tie is no separation
+    with pytest.raises(ValueError, match="at least 2 runs"):
+        validation.seeds_separate([1.0], [2.0, 3.0])
+    # Five against five: 2 of the 252 orderings; checked by counting every ordering.
+    import itertools
+
+    orders = list(itertools.combinations(range(10), 5))
+    apart = sum(1 for c in orders if set(c) in ({0, 1, 2, 3, 4}, {5, 6, 7, 8, 9}))
+    assert validation.chance_of_separation(5, 5) == apart / len(orders) == 2 / 252
