@@ -1,7 +1,6 @@
 import functools
 
 import jax
-import numpy as np
 import pytest
 
 import jaxloops
