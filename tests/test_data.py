@@ -85,3 +85,46 @@ def test_an_empty_training_set_is_named_as_such(key):
         jaxloops.epoch_batches(key, empty, 8)
     with pytest.raises(ValueError, match="empty"):
         jaxloops.pad_batches(empty, 8)
+
+
+def test_a_validation_split_is_held_out_of_training_apart_from_the_test_set():
+    plain = jaxloops.load_digits_split(seed=0)
+    split = jaxloops.load_digits_split(seed=0, validation_fraction=0.1)
+    sets = {name: np.asarray(getattr(split, name).x) for name in ("train", "validation", "test")}
+    assert {name: len(x) for name, x in sets.items()} == {
+        "train": 1797 - 450 - 180,
+        "validation": 180,
+        "test": 450,
+    }
+    # The same test examples as without validation, and the validation examples come out of
+    # the training ones. The 1797 images are distinct, and the three sets are normalised
+    # alike, so no row may appear in two of them.
+    np.testing.assert_array_equal(split.test.y, plain.test.y)
+    np.testing.assert_array_equal(
+        np.bincount(split.train.y) + np.bincount(split.validation.y), np.bincount(plain.train.y)
+    )
+    rows = np.concatenate(list(sets.values()))
+    assert len(np.unique(rows, axis=0)) == len(rows) == 1797
+    # Stratified; normalised with the remaining training examples' statistics only.
+    shares = [np.bincount(getattr(split, n).y) / len(getattr(split, n).y) for n in sets]
+    np.testing.assert_allclose(shares[0], shares[1], atol=0.02)
+    np.testing.assert_allclose(sets["train"].mean(axis=0), 0.0, atol=1e-5)
+    assert np.abs(sets["validation"].mean(axis=0)).max() > 1e-3
+    assert plain.validation is None
+
+
+@pytest.mark.parametrize(
+    "test_fraction, validation_fraction, match",
+    [
+        (0.25, 0.75, "leaves 0 of 1797 examples for training"),
+        (0.5, 0.495, "leaves 8 of 1797 examples for training"),
+        (0.25, 0.002, "holds out 4 examples, fewer than the 10 classes"),
+        (0.25, 1.0, "validation_fraction in \\[0, 1\\)"),
+        (0.25, float("nan"), "nan"),
+    ],
+)
+def test_a_validation_split_that_leaves_no_training_data_is_rejected(
+    test_fraction, validation_fraction, match
+):
+    with pytest.raises(ValueError, match=match):
+        jaxloops.load_digits_split(0, test_fraction, validation_fraction)

@@ -6,6 +6,7 @@ from jax.experimental import checkify
 
 import jaxloops
 from conftest import normal
+from jaxloops import mlp
 
 
 def test_init_mlp_shapes_follow_sizes(key):
@@ -116,3 +117,37 @@ def test_known_value_is_none_for_traced_and_abstract_values():
     seen = []
     jax.jit(lambda x: seen.append(known_value(x)) or x)(jnp.ones(2))
     assert seen == [None]
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.0, 1.5, float("nan")])
+def test_a_dropout_rate_outside_zero_one_is_rejected_by_value(key, rate):
+    params = jaxloops.init_mlp(key, (5, 7, 3))
+    with pytest.raises(ValueError, match=f"dropout rate {rate}"):
+        jaxloops.mlp_logits(params, jnp.ones((13, 5)), key, dropout_rate=rate)
+    with pytest.raises(ValueError, match=f"dropout rate {rate}"):
+        mlp.dropout(key, jnp.ones((3,)), rate)
+
+
+def test_dropout_zeroes_the_rate_and_keeps_the_expected_value(key):
+    kept = np.asarray(mlp.dropout(key, jnp.ones((100_000,)), 0.3))
+    # The share of zeros is a mean of 10^5 Bernoulli(0.3) draws: standard deviation
+    # sqrt(0.3 * 0.7 / 10^5) = 0.0014; 5 of them is 0.007. The rest is exactly 1 / 0.7.
+    assert abs(np.mean(kept == 0) - 0.3) < 0.007
+    np.testing.assert_allclose(kept[kept != 0], 1 / 0.7, rtol=1e-6)
+    assert abs(kept.mean() - 1.0) < 0.007 / 0.7
+
+
+def test_without_a_key_the_mlp_is_deterministic_and_drops_nothing(key):
+    params = jaxloops.init_mlp(key, (5, 17, 11, 3))
+    x = jnp.asarray(normal((13, 5)))
+    plain = np.asarray(jaxloops.mlp_logits(params, x))
+    # Evaluation passes no key: a rate changes nothing, call after call.
+    for _ in range(2):
+        np.testing.assert_array_equal(jaxloops.mlp_logits(params, x, dropout_rate=0.5), plain)
+    # With a key it does drop (so the equality above could fail), the same for the same key.
+    dropped = jaxloops.mlp_logits(params, x, jax.random.key(1), dropout_rate=0.5)
+    assert not np.array_equal(dropped, plain)
+    again = jaxloops.mlp_logits(params, x, jax.random.key(1), dropout_rate=0.5)
+    np.testing.assert_array_equal(dropped, again)
+    other = jaxloops.mlp_logits(params, x, jax.random.key(2), dropout_rate=0.5)
+    assert not np.array_equal(dropped, other)

@@ -1,6 +1,9 @@
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import jaxloops
@@ -77,3 +80,58 @@ def test_bad_optimizer_settings_are_rejected():
 def test_non_finite_optimizer_settings_are_rejected_by_value(lr, wd, bad):
     with pytest.raises(ValueError, match=bad):
         jaxloops.make_optimizer(lr, wd)
+
+
+def test_the_step_count_is_the_optimizers_counter(digits, key):
+    params, optimizer, opt_state = _setup(key)
+    step = jax.jit(jaxloops.make_train_step(jaxloops.mlp_loss, optimizer))
+    batch = jaxloops.Batch(digits.train.x[:32], digits.train.y[:32])
+    assert int(train.step_count(opt_state)) == 0
+    for _ in range(3):
+        params, opt_state, _ = step(params, opt_state, batch)
+    assert int(train.step_count(opt_state)) == 3
+    with pytest.raises(ValueError, match="no step counter"):
+        train.step_count(optax.sgd(0.1).init(params))  # plain SGD counts nothing
+
+
+def test_the_keyed_step_without_dropout_is_the_plain_step(digits, key):
+    params, optimizer, opt_state = _setup(key)
+    batch = jaxloops.Batch(digits.train.x[:32], digits.train.y[:32])
+    plain = jax.jit(jaxloops.make_train_step(jaxloops.mlp_loss, optimizer))
+    keyed = jax.jit(train.make_keyed_train_step(jaxloops.mlp_loss, optimizer))
+    want = plain(params, opt_state, batch)
+    got = keyed(params, opt_state, batch, jax.random.key(5))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_keyed_step_draws_from_fold_in_of_its_key_and_the_count(digits, key):
+    params, optimizer, opt_state = _setup(key)
+    batch = jaxloops.Batch(digits.train.x[:32], digits.train.y[:32])
+
+    def loss(params, batch, key):  # reports the number it drew, to see which key it got
+        value, aux = jaxloops.mlp_loss(params, batch)
+        return value, {**aux, "draw": jax.random.uniform(key)}
+
+    step = jax.jit(train.make_keyed_train_step(loss, optimizer))
+    run_key, draws = jax.random.key(5), []
+    for _ in range(3):
+        params, opt_state, metrics = step(params, opt_state, batch, run_key)
+        draws.append(float(metrics["draw"]))
+    want = [float(jax.random.uniform(jax.random.fold_in(run_key, t))) for t in range(3)]
+    assert draws == want and len(set(draws)) == 3
+    # An off-by-one count (t + 1) or the raw key would draw other numbers: the rule is exact.
+    assert draws[:2] != want[1:]
+    assert draws[0] != float(jax.random.uniform(run_key))
+
+
+def test_the_keyed_step_with_dropout_is_deterministic_given_key_and_state(digits, key):
+    params, optimizer, opt_state = _setup(key)
+    batch = jaxloops.Batch(digits.train.x[:32], digits.train.y[:32])
+    loss = functools.partial(jaxloops.mlp_loss, dropout_rate=0.5)
+    step = jax.jit(train.make_keyed_train_step(loss, optimizer))
+    first = step(params, opt_state, batch, jax.random.key(5))[0]["dense_0"]["w"]
+    again = step(params, opt_state, batch, jax.random.key(5))[0]["dense_0"]["w"]
+    other = step(params, opt_state, batch, jax.random.key(6))[0]["dense_0"]["w"]
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, other)

@@ -29,6 +29,10 @@ class LoopSizes:
     weight_decay: float
     throughput_batch_sizes: tuple[int, ...]  # B of chapter 6's sweep
     throughput_steps: int  # steps per timed call of the sweep
+    warmup_epochs: int  # chapter 5's schedule: linear warm-up over this many epochs
+    validation_fraction: float  # chapter 7: share of the digits held out for validation
+    validate_every: int  # chapter 7: epochs per compiled call, a validation after each
+    patience: int  # chapter 7: validations without a new best before stopping early
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +149,10 @@ _CPU = Sizes(
         weight_decay=1e-2,
         throughput_batch_sizes=(32, 128, 512),
         throughput_steps=40,  # enough that one call's overhead is small against the steps
+        warmup_epochs=2,
+        validation_fraction=0.15,
+        validate_every=1,
+        patience=4,
     ),
     attention=AttentionSizes(
         lengths=(256, 512, 1024, 2048, 4096),
@@ -226,6 +234,12 @@ _GPU = Sizes(
         weight_decay=1e-2,
         throughput_batch_sizes=(128, 512, 2048, 8192, 32768),
         throughput_steps=100,  # GPU steps take microseconds: amortise the per-call dispatch
+        warmup_epochs=2,
+        validation_fraction=0.15,
+        # An epoch of 8 steps takes about a millisecond here: validating after each would
+        # cost a dispatch and a host sync per millisecond (not measured on a GPU yet).
+        validate_every=3,
+        patience=2,
     ),
     attention=AttentionSizes(
         lengths=(512, 1024, 2048, 4096, 8192, 16384),

@@ -1,6 +1,7 @@
 """Data on the device: digits, normalised with training statistics, in fixed-size batches."""
 
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -17,6 +18,7 @@ class Batch(NamedTuple):
 class Split(NamedTuple):
     train: Batch
     test: Batch
+    validation: Batch | None = None  # held out from the training examples, if asked for
 
 
 def check_examples(x, y, num_features: int, num_classes: int) -> None:
@@ -43,14 +45,21 @@ def check_batch_size(batch_size: int, num_examples: int) -> None:
         raise ValueError(f"batch size {batch_size} must be in [1, {num_examples}] (the examples)")
 
 
-def load_digits_split(seed: int, test_fraction: float = 0.25) -> Split:
+def load_digits_split(
+    seed: int, test_fraction: float = 0.25, validation_fraction: float = 0.0
+) -> Split:
     """scikit-learn's 8x8 digits, a stratified split, normalised with train statistics only.
 
     Args:
-      seed: fixes which examples land in the test set.
+      seed: fixes which examples land in the test and validation sets.
       test_fraction: share of each class held out for testing.
+      validation_fraction: share of all examples held out of training for validation
+        (model selection, early stopping), apart from the test set; 0 for none.
     Returns:
       A `Split` of NumPy arrays: x (examples, 64) float32, y (examples,) int32.
+    Raises:
+      ValueError: a validation set that leaves too few training examples, or holds too
+        few to contain every class.
     """
     # Imported here: scikit-learn takes ~2 s to import, which every page would pay otherwise.
     from sklearn.datasets import load_digits
@@ -59,15 +68,53 @@ def load_digits_split(seed: int, test_fraction: float = 0.25) -> Split:
     digits = load_digits()
     x = digits.images.reshape(len(digits.images), -1).astype(np.float32)  # (n, 8, 8) -> (n, 64)
     y = digits.target.astype(np.int32)
+    num_validation = validation_size(len(y), test_fraction, validation_fraction)
     x_train, x_test, y_train, y_test = train_test_split(
         x, y, test_size=test_fraction, stratify=y, random_state=seed
     )
+    validation = None
+    if num_validation:
+        x_train, x_val, y_train, y_val = train_test_split(
+            x_train, y_train, test_size=num_validation, stratify=y_train, random_state=seed
+        )
     mean, std = x_train.mean(axis=0), x_train.std(axis=0)
     # Some corner pixels are always 0 in the training set: dividing by their std of 0 would
     # give inf, so they are only centred.
     std = np.where(std > 1e-6, std, 1.0)
     normalise = lambda a: ((a - mean) / std).astype(np.float32)
-    return Split(Batch(normalise(x_train), y_train), Batch(normalise(x_test), y_test))
+    if num_validation:
+        validation = Batch(normalise(x_val), y_val)
+    return Split(Batch(normalise(x_train), y_train), Batch(normalise(x_test), y_test), validation)
+
+
+def validation_size(examples: int, test_fraction: float, validation_fraction: float) -> int:
+    """Examples held out for validation (the share of all, rounded up, as scikit-learn does).
+
+    Raises:
+      ValueError: a fraction outside [0, 1), fewer validation examples than classes, or
+        fewer than one training example per class left over.
+    """
+    classes = 10
+    if not (0 < test_fraction < 1) or not (0 <= validation_fraction < 1):
+        raise ValueError(
+            f"need test_fraction in (0, 1) and validation_fraction in [0, 1), "
+            f"got {test_fraction}, {validation_fraction}"
+        )
+    num_test = math.ceil(test_fraction * examples)
+    num_validation = math.ceil(validation_fraction * examples)
+    left = examples - num_test - num_validation
+    if num_validation and num_validation < classes:
+        raise ValueError(
+            f"validation_fraction {validation_fraction} holds out {num_validation} examples, "
+            f"fewer than the {classes} classes"
+        )
+    if left < classes:
+        raise ValueError(
+            f"validation_fraction {validation_fraction} with test_fraction {test_fraction} "
+            f"leaves {max(left, 0)} of {examples} examples for training; a stratified split "
+            f"needs at least one per class ({classes})"
+        )
+    return num_validation
 
 
 def to_device(batch: Batch, num_features: int, num_classes: int) -> Batch:

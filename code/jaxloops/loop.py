@@ -10,7 +10,8 @@ import jax.numpy as jnp
 from jaxloops.data import Batch, epoch_batches
 
 # A hook sees the state after `epoch` epochs and may return metrics to record, e.g.
-# {"val_loss": ...}; it must not keep the arrays: fit donates them to its next call.
+# {"val_loss": ...}, with "stop": True to end the run there; it must not keep the arrays:
+# fit donates them to its next call.
 Hook = Callable[[int, Any, Any], dict | None]
 
 
@@ -29,14 +30,17 @@ def make_epoch(train_step):
     """Wraps a pure train step into one epoch over batches stacked on a leading steps axis.
 
     Returns:
-      `epoch(params, opt_state, batches) -> (params, opt_state, metrics)`, where each metric
-      is the per-step history (steps,), still on the device.
+      `epoch(params, opt_state, batches, step_key=None) -> (params, opt_state, metrics)`,
+      where each metric is the per-step history (steps,), still on the device. A
+      `step_key` is passed to every step (`make_keyed_train_step`'s fourth argument).
     """
 
-    def epoch(params, opt_state, batches: Batch):
+    def epoch(params, opt_state, batches: Batch, step_key=None):
+        keys = () if step_key is None else (step_key,)
+
         def body(carry, batch):
             params, opt_state = carry
-            params, opt_state, metrics = train_step(params, opt_state, batch)
+            params, opt_state, metrics = train_step(params, opt_state, batch, *keys)
             return (params, opt_state), metrics
 
         (params, opt_state), metrics = jax.lax.scan(body, (params, opt_state), batches)
@@ -52,16 +56,16 @@ def make_epochs(train_step, batch_size: int, num_epochs: int):
     or resumed, in the same order.
 
     Returns:
-      `epochs(params, opt_state, key, first_epoch, data) -> (params, opt_state, metrics)`,
-      each metric (num_epochs,) of per-epoch means.
+      `epochs(params, opt_state, key, first_epoch, data, step_key=None) -> (params,
+      opt_state, metrics)`, each metric (num_epochs,) of per-epoch means.
     """
     epoch = make_epoch(train_step)
 
-    def epochs(params, opt_state, key, first_epoch, data: Batch):
+    def epochs(params, opt_state, key, first_epoch, data: Batch, step_key=None):
         def body(carry, e):
             params, opt_state = carry
             batches = epoch_batches(jax.random.fold_in(key, e), data, batch_size)  # (steps, B, ...)
-            params, opt_state, metrics = epoch(params, opt_state, batches)
+            params, opt_state, metrics = epoch(params, opt_state, batches, step_key)
             return (params, opt_state), jax.tree.map(jnp.mean, metrics)
 
         (params, opt_state), metrics = jax.lax.scan(
@@ -94,12 +98,14 @@ def fit(
     epochs_per_call: int | None = None,
     start_epoch: int = 0,
     hook: Hook | None = None,
+    step_key: jax.Array | None = None,
 ):
     """Trains epochs start_epoch .. epochs-1, reshuffling on the device before each epoch.
 
     Each call of the compiled program runs `epochs_per_call` epochs (default: all of them
     at once); between calls `hook(epoch, params, opt_state)` runs on the host, for
-    evaluation, logging or checkpoints. Metrics stay on the device until the end.
+    evaluation, logging or checkpoints, and ends the run early by returning "stop": True.
+    Metrics stay on the device until the end.
 
     Args:
       key: PRNG key of the data order; epoch e uses `fold_in(key, e)`.
@@ -108,6 +114,8 @@ def fit(
       data: the training set, on the device, examples on the leading axis.
       start_epoch: the first epoch to run: resuming after `start_epoch` epochs replays
         the same data order as an uninterrupted run.
+      step_key: for a train step that draws randomness (`make_keyed_train_step`): its key,
+        the same for every step (each step folds in its own count).
     Returns:
       (params, opt_state, History). The params and opt_state passed in are donated.
     """
@@ -123,13 +131,14 @@ def fit(
     while epoch < epochs:
         n = min(per_call, epochs - epoch)
         run = compiled_epochs(train_step, batch_size, n)
-        params, opt_state, chunk = run(params, opt_state, key, epoch, data)
+        params, opt_state, chunk = run(params, opt_state, key, epoch, data, step_key)
         metrics.append(chunk)  # stays on the device
         epoch += n
-        if hook is not None:
-            recorded = hook(epoch, params, opt_state)
-            if recorded:
-                hooks.append((epoch, recorded))
+        recorded = None if hook is None else hook(epoch, params, opt_state)
+        if recorded:
+            hooks.append((epoch, recorded))
+            if recorded.get("stop"):
+                break
     train = {}
     if metrics:
         train = jax.device_get(jax.tree.map(lambda *m: jnp.concatenate(m), *metrics))

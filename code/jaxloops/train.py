@@ -1,4 +1,4 @@
-"""The pure train step: (params, opt_state, batch) -> (params, opt_state, metrics)."""
+"""The pure train step: (params, opt_state, batch[, key]) -> (params, opt_state, metrics)."""
 
 from collections.abc import Callable
 from typing import Any
@@ -7,6 +7,7 @@ import jax
 import optax
 
 LossFn = Callable[[Any, Any], tuple[jax.Array, dict[str, jax.Array]]]
+KeyedLossFn = Callable[[Any, Any, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
 
 
 def decay_mask(params) -> Any:
@@ -37,5 +38,36 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation):
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         return params, opt_state, {"loss": loss, **aux}
+
+    return train_step
+
+
+def step_count(opt_state) -> jax.Array:
+    """The optimizer's step counter: how many updates `opt_state` has seen (int32 scalar).
+
+    optax keeps it in the state as `count` (AdamW's moments, or inject_hyperparams' own);
+    every counter in a state advances once per update, so the first one found is the step.
+    """
+    counts = optax.tree.get_all_with_path(opt_state, "count")
+    if not counts:
+        raise ValueError(f"opt_state {type(opt_state).__name__} holds no step counter `count`")
+    return counts[0][1]
+
+
+def make_keyed_train_step(loss_fn: KeyedLossFn, optimizer: optax.GradientTransformation):
+    """The train step of a loss that draws randomness: `loss_fn(params, batch, key)`.
+
+    The step takes one key for the whole run and draws from `fold_in(key, step)`, with the
+    step read from the optimizer's counter: the masks of step t depend only on the key and
+    t, so a run resumed from a checkpoint (which holds the counter) draws the same ones.
+
+    Returns:
+      `train_step(params, opt_state, batch, key) -> (params, opt_state, metrics)`.
+    """
+
+    def train_step(params, opt_state, batch, key):
+        step_key = jax.random.fold_in(key, step_count(opt_state))
+        loss = lambda params, batch: loss_fn(params, batch, step_key)
+        return make_train_step(loss, optimizer)(params, opt_state, batch)
 
     return train_step
