@@ -218,12 +218,19 @@ _CPU = Sizes(
         text_bytes=2**16,
         budget_mib=64,
     ),
-    # fmt: off
     streaming=StreamingSizes(
-        text_bytes=2**16, context=8, records_per_shard=1000, hidden=(512, 512), batch_size=128,
-        epochs=2, feed_steps=16, rounds=5, save_every=10, kill_step=70, nnx_steps=20,
+        text_bytes=2**16,
+        context=8,
+        records_per_shard=1000,
+        hidden=(512, 512),
+        batch_size=128,
+        epochs=2,
+        feed_steps=16,
+        rounds=5,
+        save_every=10,
+        kill_step=70,
+        nnx_steps=20,
     ),
-    # fmt: on
 )
 
 _GPU = Sizes(
@@ -298,13 +305,19 @@ _GPU = Sizes(
         text_bytes=2**20,
         budget_mib=4096,
     ),
-    # fmt: off
     streaming=StreamingSizes(
-        text_bytes=2**20, context=16, records_per_shard=8192, hidden=(2048, 2048),
-        batch_size=1024, epochs=2, feed_steps=50, rounds=7, save_every=20, kill_step=80,
+        text_bytes=2**20,
+        context=16,
+        records_per_shard=8192,
+        hidden=(2048, 2048),
+        batch_size=1024,
+        epochs=2,
+        feed_steps=50,
+        rounds=7,
+        save_every=20,
+        kill_step=80,
         nnx_steps=50,
     ),
-    # fmt: on
 )
 
 
