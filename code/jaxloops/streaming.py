@@ -249,17 +249,30 @@ def time_feeds(runs: Feeds, device_work, *, rounds: int):
     in turn, `rounds` times) and the core shares (`measure.core_shares(device_work)`),
     the mean of one measurement before the rounds and one after."""
     named = {field.name: getattr(runs, field.name) for field in dataclasses.fields(runs)}
-    before = core_shares(device_work, tries=3)
+    before = core_shares(device_work, tries=2)
     samples = interleaved_samples(named, rounds, warmup_each=0)
-    after = core_shares(device_work, tries=3)
+    after = core_shares(device_work, tries=2)
     return samples, tuple((a + b) / 2 for a, b in zip(before, after))
 
 
-def outside_band(measured: dict, predicted: dict, band: float) -> list[str]:
-    """The feeds whose measured seconds are more than `band` (a fraction) away from their
-    prediction, each with both figures; empty when every one agrees."""
-    return [
-        f"{name}: measured {1e3 * measured[name]:.2f} ms, predicted {1e3 * want:.2f} ms"
-        for name, want in predicted.items()
-        if abs(measured[name] / want - 1) > band
+def feed_failures(measured: dict, predicted: dict, band: float) -> list[str]:
+    """What the timed feeds contradict, each with its figures; empty when nothing does.
+
+    The on-device and streamed feeds must be within `band` (a fraction) of their
+    predictions. The prefetched one is held to what overlap can do at all, between full
+    overlap, max(h, d), and none, h + d, widened by `band`: its prediction rests on core
+    shares measured beside it, which on a shared machine move faster than they are measured.
+    """
+    h, d = measured["host_alone"], measured["on_device"]
+    failures = [
+        f"{name}: measured {1e3 * measured[name]:.2f} ms, predicted {1e3 * predicted[name]:.2f} ms"
+        for name in ("on_device", "streamed")
+        if abs(measured[name] / predicted[name] - 1) > band
     ]
+    low, high = (1 - band) * max(h, d), (1 + band) * (h + d)
+    if not low <= measured["prefetched"] <= high:
+        failures.append(
+            f"prefetched: measured {1e3 * measured['prefetched']:.2f} ms, outside "
+            f"[{1e3 * low:.2f}, {1e3 * high:.2f}] ms (h = {1e3 * h:.2f}, d = {1e3 * d:.2f})"
+        )
+    return failures

@@ -21,8 +21,12 @@ import jax
 from jaxloops import workers
 
 
-def train(checkpoints: str, shards: str, sizes, slow: float) -> dict:
-    """Resumes or starts the run, streams it to its end saving as it goes; the final state."""
+def train(checkpoints, shards, sizes, slow: float = 0.0, log=print) -> tuple[int, dict]:
+    """Resumes or starts the run, streams it to its end saving as it goes.
+
+    Returns:
+      (the step it started from, the final {"params", "opt_state"}).
+    """
     from jaxloops import stream_checkpoint, streaming
 
     device = jax.devices("cpu")[0]
@@ -37,7 +41,8 @@ def train(checkpoints: str, shards: str, sizes, slow: float) -> dict:
     step = 0
     if resumed is not None:
         step, params, opt_state, iterator = resumed
-    print(f"starting at step {step} of {batches}", flush=True)
+    start = step
+    log(f"starting at step {step} of {batches}")
     jitted = jax.jit(run.train_step, donate_argnums=(0, 1))
     for batch in iterator:
         params, opt_state, _ = jitted(params, opt_state, batch)
@@ -46,11 +51,11 @@ def train(checkpoints: str, shards: str, sizes, slow: float) -> dict:
             stream_checkpoint.save_stream(
                 manager, step, params, opt_state, iterator, run.fingerprint
             )
-            print(f"saved step {step}", flush=True)
+            log(f"saved step {step}")
             time.sleep(slow)  # a long run: leaves time to kill it between saves
     manager.wait_until_finished()
     manager.close()
-    return {"params": params, "opt_state": opt_state}
+    return start, {"params": params, "opt_state": opt_state}
 
 
 def main(argv=None) -> int:
@@ -67,7 +72,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     workers.check_cpu_devices(1)
     sizes = workers.sizes_from_json(args.sizes).streaming
-    state = train(args.checkpoints, args.shards, sizes, args.slow)
+    log = lambda line: print(line, flush=True)
+    _, state = train(args.checkpoints, args.shards, sizes, args.slow, log)
     if args.out is not None:
         np.savez(args.out, **checkpoint.flat_arrays(state))
     return 0
