@@ -249,6 +249,7 @@ def time_feeds(runs: Feeds, device_work, *, rounds: int):
     in turn, `rounds` times) and the core shares (`measure.core_shares(device_work)`),
     the mean of one measurement before the rounds and one after."""
     named = {field.name: getattr(runs, field.name) for field in dataclasses.fields(runs)}
+    jax.block_until_ready(device_work())  # compiled first: core_shares sizes its loops by it
     before = core_shares(device_work, tries=2)
     samples = interleaved_samples(named, rounds, warmup_each=0)
     after = core_shares(device_work, tries=2)
