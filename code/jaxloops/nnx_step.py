@@ -27,7 +27,7 @@ class MLP(nnx.Module):
         for i in range(self.depth):
             w, b = params[f"dense_{i}"]["w"], params[f"dense_{i}"]["b"]
             layer = nnx.Linear(*w.shape, rngs=nnx.Rngs(0))  # (F_i, F_i+1); values replaced
-            layer.kernel.value, layer.bias.value = w.copy(), b.copy()  # a donating step may delete
+            layer.kernel[...], layer.bias[...] = w.copy(), b.copy()  # a donating step may delete
             setattr(self, f"dense_{i}", layer)
 
     def __call__(self, x):  # (B, F_0) -> (B, C)
@@ -39,7 +39,7 @@ class MLP(nnx.Module):
 def to_pytree(model: MLP) -> dict:
     """The module's weights as `init_mlp`'s dict: {"dense_i": {"w", "b"}}."""
     return {
-        f"dense_{i}": {"w": layer.kernel.value, "b": layer.bias.value}
+        f"dense_{i}": {"w": layer.kernel[...], "b": layer.bias[...]}
         for i in range(model.depth)
         for layer in [getattr(model, f"dense_{i}")]
     }
@@ -84,7 +84,7 @@ def functional_params(state) -> dict:
     """The weights in a functional step's state, as `init_mlp`'s dict."""
     model = state[0]
     return {
-        name: {"w": model[name]["kernel"].value, "b": model[name]["bias"].value}
+        name: {"w": model[name]["kernel"][...], "b": model[name]["bias"][...]}
         for name in model
         if name.startswith("dense_")
     }
