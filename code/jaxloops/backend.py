@@ -125,6 +125,24 @@ class MemorySizes:
 
 
 @dataclasses.dataclass(frozen=True)
+class StreamingSizes:
+    """Chapters 15-16: chapter 11's text in shards, streamed by Grain into the chapter-5 MLP
+    (T context characters one-hot in, the next one out), and the same step in Flax NNX."""
+
+    text_bytes: int  # standard-library text cut into windows of T + 1 characters
+    context: int  # T, characters the MLP sees
+    records_per_shard: int  # windows per shard file
+    hidden: tuple[int, ...]  # hidden widths F of the MLP
+    batch_size: int  # B
+    epochs: int  # passes over the records in a run
+    feed_steps: int  # steps per timed run of each feed
+    rounds: int  # timed rounds of the feeds, taken in turn
+    save_every: int  # steps between checkpoints of the resumable run
+    kill_step: int  # the killed run is killed once this step's checkpoint is saved
+    nnx_steps: int  # N, steps of the NNX and pytree runs compared
+
+
+@dataclasses.dataclass(frozen=True)
 class Sizes:
     """Experiment sizes for one backend, one part per group of chapters."""
 
@@ -136,6 +154,7 @@ class Sizes:
     sharding: ShardingSizes
     checkpoint: CheckpointSizes
     memory: MemorySizes
+    streaming: StreamingSizes
 
 
 _CPU = Sizes(
@@ -220,6 +239,19 @@ _CPU = Sizes(
         train_steps=30,
         text_bytes=2**16,
         budget_mib=16,
+    ),
+    streaming=StreamingSizes(
+        text_bytes=2**16,
+        context=8,
+        records_per_shard=1000,
+        hidden=(512, 512),
+        batch_size=128,
+        epochs=2,
+        feed_steps=12,
+        rounds=3,
+        save_every=10,
+        kill_step=70,
+        nnx_steps=20,
     ),
 )
 
@@ -307,6 +339,19 @@ _GPU = Sizes(
         train_steps=200,
         text_bytes=2**20,
         budget_mib=4096,
+    ),
+    streaming=StreamingSizes(
+        text_bytes=2**20,
+        context=16,
+        records_per_shard=8192,
+        hidden=(2048, 2048),
+        batch_size=1024,
+        epochs=2,
+        feed_steps=50,
+        rounds=7,
+        save_every=20,
+        kill_step=80,
+        nnx_steps=50,
     ),
 )
 

@@ -4,6 +4,7 @@
   checkpoint   chapter 13: trains, is stopped or killed and resumes; saves from 8 devices and
                restores onto 4
   sharding     chapter 12: one process of a multi-process data-parallel run
+  streaming    chapter 15: a run streamed by Grain, killed mid-epoch and resumed (needs grain)
 
 A parent starts one with `command(name, ...)`. The checkpoint and sharding workers run on the
 CPU platform with the devices the parent asks for (`cpu_env`), whatever accelerator the
@@ -22,7 +23,7 @@ import typing
 
 from jaxloops import backend
 
-NAMES = ("cache_probe", "checkpoint", "sharding")
+NAMES = ("cache_probe", "checkpoint", "sharding", "streaming")
 _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 

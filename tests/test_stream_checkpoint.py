@@ -1,0 +1,100 @@
+"""The model and the Grain iterator in one checkpoint; a run killed mid-epoch resumes bit
+for bit (chapter 15).
+
+The GPU machine's Python has no grain (it is not among the wheels carried to it:
+scripts/fetch_wheels.sh), so `pytest.importorskip` skips this module in its suite.
+"""
+
+import dataclasses
+import subprocess
+
+import numpy as np
+import pytest
+
+grain = pytest.importorskip("grain")
+
+import jax  # noqa: E402
+
+import jaxloops  # noqa: E402
+from jaxloops import checkpoint, equivalence, stream_checkpoint, streaming, workers  # noqa: E402
+from jaxloops.text import VOCAB_SIZE  # noqa: E402
+from jaxloops.workers import checkpoint as checkpoint_worker  # noqa: E402
+from jaxloops.workers import streaming as streaming_worker  # noqa: E402
+
+# 40 records of 5 + 1 tokens, batches of 3: 13 batches per epoch, 26 in two. The kill
+# comes after the save of step 20, in the second epoch; saves every 5 steps.
+SIZES = dataclasses.replace(
+    jaxloops.experiment_sizes("cpu").streaming,
+    context=5, records_per_shard=9, hidden=(11,), batch_size=3, epochs=2, save_every=5,
+    kill_step=20,
+)  # fmt: skip
+CPU = jax.devices("cpu")[0]
+
+
+@pytest.fixture
+def shards(tmp_path):
+    tokens = (np.arange(40 * 6) * 7 + 3) % VOCAB_SIZE
+    streaming.write_shards(tmp_path / "shards", tokens, SIZES.context, SIZES.records_per_shard)
+    return tmp_path / "shards"
+
+
+def test_a_restored_iterator_continues_where_the_saved_one_was(shards, tmp_path):
+    run = streaming.stream_run(shards, SIZES)
+    params, opt_state = run.init()
+    iterator = streaming.prefetched(run.dataset, CPU)
+    for _ in range(4):
+        next(iterator)
+    manager = stream_checkpoint.stream_manager(tmp_path / "ckpt", keep_last=2)
+    stream_checkpoint.save_stream(manager, 4, params, opt_state, iterator, run.fingerprint)
+    manager.wait_until_finished()
+    following = [next(iterator).y for _ in range(3)]
+    fresh = streaming.prefetched(run.dataset, CPU)
+    resumed = stream_checkpoint.restore_stream(
+        manager, params, opt_state, fresh, run.fingerprint, len(run.dataset)
+    )
+    assert resumed.step == 4 and resumed.iterator.get_state() == {"next_index": 4}
+    for want in following:
+        np.testing.assert_array_equal(next(resumed.iterator).y, want)
+    assert not equivalence.differing(
+        checkpoint.flat_arrays(resumed.params), checkpoint.flat_arrays(params)
+    )
+
+
+def test_no_checkpoint_restores_nothing_and_another_stream_is_refused(shards, tmp_path):
+    run = streaming.stream_run(shards, SIZES)
+    params, opt_state = run.init()
+    iterator = streaming.prefetched(run.dataset, CPU)
+    manager = stream_checkpoint.stream_manager(tmp_path / "ckpt", keep_last=1)
+    assert stream_checkpoint.restore_stream(manager, params, opt_state, iterator, {}, 1) is None
+    stream_checkpoint.save_stream(manager, 0, params, opt_state, iterator, run.fingerprint)
+    manager.wait_until_finished()
+    other = streaming.stream_run(shards, dataclasses.replace(SIZES, epochs=3))
+    with pytest.raises(ValueError, match="epochs 2 saved, 3 here"):
+        stream_checkpoint.restore_stream(
+            manager, params, opt_state, iterator, other.fingerprint, len(other.dataset)
+        )
+    with pytest.raises(ValueError, match="keep_last must be >= 1"):
+        stream_checkpoint.stream_manager(tmp_path / "x", keep_last=0)
+
+
+def test_a_run_killed_mid_epoch_resumes_bit_for_bit(shards, tmp_path):
+    """SIGKILL after the save of step 20 (batch 7 of 13 in epoch 2); the resumed run (in this
+    process, from the killed one's checkpoints) ends equal to one that never stopped."""
+    args = ("--shards", shards, "--sizes", workers.sizes_json(streaming=SIZES))
+    env = workers.cpu_env(1)
+    full = subprocess.Popen(
+        workers.command("streaming", tmp_path / "full", *args, "--out", tmp_path / "full.npz"),
+        env=env, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    status, printed = checkpoint_worker.kill_after(
+        workers.command("streaming", tmp_path / "killed", *args, "--slow", 0.3),
+        f"saved step {SIZES.kill_step}",
+        env,
+    )
+    assert full.wait() == 0 and status == -9 and printed[-1] == "saved step 20"
+    start, state = streaming_worker.train(tmp_path / "killed", shards, SIZES, log=lambda _: None)
+    per_epoch = 40 // SIZES.batch_size
+    assert 0 < start <= SIZES.kill_step and start % per_epoch  # mid-epoch
+    want, got = dict(np.load(tmp_path / "full.npz")), checkpoint.flat_arrays(state)
+    assert want.keys() == got.keys() and not equivalence.differing(got, want)
+    assert max(float(np.max(np.abs(got[n] - want[n]))) for n in want) == 0.0

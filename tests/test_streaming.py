@@ -1,0 +1,168 @@
+"""Shards, the Grain stream, prefetch and the feeds' predictions (chapter 15).
+
+The GPU machine's Python has no grain (it is not among the wheels carried to it:
+scripts/fetch_wheels.sh), so `pytest.importorskip` skips this module in its suite.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+grain = pytest.importorskip("grain")
+
+import jax  # noqa: E402
+
+from jaxloops import streaming  # noqa: E402
+from jaxloops.measure import Span  # noqa: E402
+from jaxloops.text import VOCAB_SIZE  # noqa: E402
+
+CONTEXT, PER_SHARD, BATCH = 5, 7, 3
+
+
+def odd_tokens(n=131):
+    return (np.arange(n) * 7 + 3) % VOCAB_SIZE  # every window distinct
+
+
+@pytest.fixture
+def shards(tmp_path):
+    streaming.write_shards(tmp_path / "shards", odd_tokens(), CONTEXT, PER_SHARD)
+    return tmp_path / "shards"
+
+
+def test_shards_hold_the_windows_in_order(shards):
+    source = streaming.ShardedWindows(shards)
+    windows = odd_tokens()[: 21 * (CONTEXT + 1)].reshape(21, CONTEXT + 1)  # 131 // 6 = 21
+    assert len(source) == 21 and source.fingerprint["shards"] == 3
+    np.testing.assert_array_equal(np.stack([source[i] for i in range(21)]), windows)
+
+
+def test_a_changed_shard_changes_the_fingerprint(shards):
+    before = streaming.ShardedWindows(shards).fingerprint
+    data = np.load(shards / "shard_00002.npy")
+    np.save(shards / "shard_00002.npy", data[::-1])
+    assert streaming.ShardedWindows(shards).fingerprint != before
+
+
+def test_a_source_with_no_records_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="has no records: 0 files"):
+        streaming.ShardedWindows(tmp_path)
+    np.save(tmp_path / "shard_00000.npy", np.zeros((0, CONTEXT + 1), np.uint8))
+    with pytest.raises(ValueError, match="has no records: 1 files"):
+        streaming.ShardedWindows(tmp_path)
+
+
+def test_bad_shard_sizes_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="context >= 1"):
+        streaming.write_shards(tmp_path, odd_tokens(), 0, PER_SHARD)
+    with pytest.raises(ValueError, match="no window of 5"):
+        streaming.write_shards(tmp_path, odd_tokens(4), CONTEXT, PER_SHARD)
+
+
+def test_decode_is_one_hot_context_and_the_next_token():
+    records = odd_tokens(3 * (CONTEXT + 1)).reshape(3, CONTEXT + 1).astype(np.uint8)
+    batch = streaming.decode(records)
+    assert batch.x.shape == (3, CONTEXT * VOCAB_SIZE) and batch.x.sum() == 3 * CONTEXT
+    np.testing.assert_array_equal(batch.x.reshape(3, CONTEXT, -1).argmax(-1), records[:, :-1])
+    np.testing.assert_array_equal(batch.y, records[:, -1])
+
+
+def test_the_stream_matches_an_in_memory_reference(shards):
+    """Streamed from disk == the same windows held in memory, read in the order that the
+    stream's shuffle gives record indices; every epoch is a new permutation of all."""
+    source = streaming.ShardedWindows(shards)
+    streamed = streaming.text_batches(source, seed=5, batch_size=BATCH, epochs=2)
+    windows = np.stack([source[i] for i in range(len(source))])  # in memory
+    order = grain.MapDataset.source(np.arange(len(source))).shuffle(seed=5).repeat(2)
+    order = np.asarray([order[i] for i in range(2 * len(source))])
+    for epoch in order.reshape(2, -1):
+        assert sorted(epoch) == list(range(len(source)))
+    assert not np.array_equal(order[:21], order[21:])  # a new order in the second epoch
+    assert not np.array_equal(order[:21], np.arange(21))  # shuffled
+    for i, batch in enumerate(streamed):
+        want = streaming.decode(windows[order[i * BATCH : (i + 1) * BATCH]])
+        np.testing.assert_array_equal(batch.x, want.x)
+        np.testing.assert_array_equal(batch.y, want.y)
+    assert i + 1 == len(streamed) == 2 * 21 // BATCH
+
+
+def test_another_seed_gives_another_order(shards):
+    source = streaming.ShardedWindows(shards)
+    a, b = (streaming.text_batches(source, seed=s, batch_size=BATCH, epochs=1) for s in (1, 2))
+    assert not np.array_equal(a[0].y, b[0].y) or not np.array_equal(a[1].y, b[1].y)
+
+
+def test_bad_stream_sizes_are_refused(shards):
+    source = streaming.ShardedWindows(shards)
+    with pytest.raises(ValueError, match="batch_size <= 21"):
+        streaming.text_batches(source, seed=0, batch_size=22, epochs=1)
+    with pytest.raises(ValueError, match="epochs >= 1"):
+        streaming.text_batches(source, seed=0, batch_size=BATCH, epochs=0)
+
+
+def test_prefetched_batches_are_the_stream_on_the_device_and_count_what_was_taken(shards):
+    dataset = streaming.text_batches(
+        streaming.ShardedWindows(shards), seed=3, batch_size=BATCH, epochs=1
+    )
+    iterator = streaming.prefetched(dataset, jax.devices("cpu")[0])
+    for i in range(4):
+        batch = next(iterator)
+        assert isinstance(batch.x, jax.Array)
+        np.testing.assert_array_equal(np.asarray(batch.y), dataset[i].y)
+    assert iterator.get_state() == {"next_index": 4}  # not what its threads read ahead
+
+
+def test_iterator_state_from_another_stream_is_refused(shards):
+    source = streaming.ShardedWindows(shards)
+    mine = streaming.stream_fingerprint(source, seed=0, batch_size=BATCH, epochs=1)
+    streaming.check_iterator_state({"next_index": 7}, mine, mine, 7)  # fits
+    other = {**mine, "batch_size": BATCH + 1}
+    with pytest.raises(ValueError, match="batch_size 4 saved, 3 here"):
+        streaming.check_iterator_state({"next_index": 1}, mine, other, 7)
+    with pytest.raises(ValueError, match=r"outside \[0, 7\]"):
+        streaming.check_iterator_state({"next_index": 8}, mine, mine, 7)
+
+
+def test_the_prediction_overlaps_only_with_free_cores():
+    h, d, steps = 0.003, 0.005, 11
+    free = streaming.predicted_feed_seconds(h, d, steps, 1.0, 1.0)
+    assert free["streamed"] == pytest.approx(h + d)
+    assert free["prefetched"] == pytest.approx((h + d + (steps - 1) * d) / steps)
+    busy = streaming.predicted_feed_seconds(h, d, steps, 0.5, 0.5)  # no free core
+    assert busy["prefetched"] == pytest.approx(h + d)
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        streaming.predicted_feed_seconds(h, d, 0, 1.0, 1.0)
+
+
+def test_the_feed_checks_reject_a_wrong_prediction():
+    h, d = 0.004, 0.004
+    measured = {"host_alone": h, "on_device": d, "streamed": h + d, "prefetched": 1.1 * d}
+    right = streaming.predicted_feed_seconds(h, d, 1, 1.0, 1.0)
+    assert streaming.feed_failures(measured, right, 0.4) == []
+    # A streamed loop predicted to overlap (max(h, d)) when it serialises (h + d): 2x off.
+    wrong = {**right, "streamed": max(h, d)}
+    assert streaming.feed_failures(measured, wrong, 0.4)[0].startswith("streamed")
+    # A prefetched step faster than full overlap allows.
+    too_fast = {**measured, "prefetched": 0.5 * max(h, d)}
+    assert streaming.feed_failures(too_fast, right, 0.4)[0].startswith("prefetched")
+
+
+def test_idle_share_is_the_time_no_device_span_was_open():
+    spans = [Span("device", "a", 0.0, 1.0), Span("device", "b", 0.5, 2.0), Span("wait", "w", 0, 4)]
+    assert streaming.idle_share(spans) == pytest.approx(0.5)
+
+
+def test_feeds_train_the_same_model_the_same_way(shards):
+    from jaxloops import experiment_sizes
+
+    sizes = dataclasses.replace(
+        experiment_sizes("cpu").streaming, context=CONTEXT, hidden=(11,), batch_size=BATCH
+    )
+    run = streaming.stream_run(shards, sizes)
+    params, opt_state = run.init()
+    runs = streaming.feeds(run.train_step, params, opt_state, run.dataset, 5, jax.devices()[0])
+    results = [runs.on_device(), runs.streamed(), runs.prefetched()]
+    for other in results[1:]:
+        for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(other), strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert len(runs.host_alone()) == 5
