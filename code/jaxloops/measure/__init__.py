@@ -4,6 +4,7 @@ from jaxloops.measure import comms as comms  # a module: measure.comms.per_step
 from jaxloops.measure import compiled as compiled  # a module: measure.compiled.fusions_of
 from jaxloops.measure import gpu_report as gpu_report  # a module: measure.gpu_report.sidebar
 from jaxloops.measure import memory as memory  # a module: measure.memory.formula_sweep
+from jaxloops.measure import memory_plots as memory_plots  # measure.memory_plots.loss_curves
 from jaxloops.measure import published as published  # a module: measure.published.PUBLISHED
 from jaxloops.measure.check import PageCheckWarning, check, strict
 from jaxloops.measure.compiled import (
