@@ -6,7 +6,6 @@ from jax.experimental import checkify
 
 import jaxloops
 from conftest import normal
-from jaxloops import mlp
 
 
 def test_init_mlp_shapes_follow_sizes(key):
@@ -124,17 +123,6 @@ def test_a_dropout_rate_outside_zero_one_is_rejected_by_value(key, rate):
     params = jaxloops.init_mlp(key, (5, 7, 3))
     with pytest.raises(ValueError, match=f"dropout rate {rate}"):
         jaxloops.mlp_logits(params, jnp.ones((13, 5)), key, dropout_rate=rate)
-    with pytest.raises(ValueError, match=f"dropout rate {rate}"):
-        mlp.dropout(key, jnp.ones((3,)), rate)
-
-
-def test_dropout_zeroes_the_rate_and_keeps_the_expected_value(key):
-    kept = np.asarray(mlp.dropout(key, jnp.ones((100_000,)), 0.3))
-    # The share of zeros is a mean of 10^5 Bernoulli(0.3) draws: standard deviation
-    # sqrt(0.3 * 0.7 / 10^5) = 0.0014; 5 of them is 0.007. The rest is exactly 1 / 0.7.
-    assert abs(np.mean(kept == 0) - 0.3) < 0.007
-    np.testing.assert_allclose(kept[kept != 0], 1 / 0.7, rtol=1e-6)
-    assert abs(kept.mean() - 1.0) < 0.007 / 0.7
 
 
 def test_without_a_key_the_mlp_is_deterministic_and_drops_nothing(key):

@@ -1,30 +1,31 @@
-"""Dropout for the transformer: the rate lives in `TransformerConfig`, the key in the step.
+"""Dropout, for the MLP (after each hidden ReLU) and the transformer (the rate lives in
+`TransformerConfig`, the key in the step).
 
-At a rate p > 0 each residual branch's output (attention's and the MLP's, before they are
-added back to the stream) keeps each element with probability 1 - p, scaled by 1 / (1 - p),
-so its expectation is unchanged. The train step derives step n's key as
-`fold_in(key, n)` from the optimizer's own step counter, so a resumed run draws the same
-masks; evaluation passes no key and is deterministic.
+At a rate p > 0 each hidden activation of the MLP, and each residual branch's output of the
+transformer (attention's and the MLP's, before they are added back to the stream), keeps
+each element with probability 1 - p, scaled by 1 / (1 - p), so its expectation is unchanged.
+The train step derives step n's key as `fold_in(key, n)` from the optimizer's own step
+counter (`train.make_keyed_train_step`), so a resumed run draws the same masks; evaluation
+passes no key and is deterministic.
 """
-
-import functools
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from jaxloops.train import make_train_step
+from jaxloops.train import make_keyed_train_step, make_train_step
 
 
 def check_rate(rate: float) -> None:
-    """Raises ValueError unless 0 <= rate < 1 (NaN refused too)."""
+    """Raises ValueError unless 0 <= rate < 1."""
+    # Written as `not (...)` so that NaN, which fails every comparison, is refused too.
     if not (0.0 <= rate < 1.0):
-        raise ValueError(f"dropout_rate must be in [0, 1), got {rate!r}")
+        raise ValueError(f"dropout rate {rate!r} must be in [0, 1)")
 
 
 def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
-    """x with each element zeroed with probability `rate`, the rest scaled by 1 / (1 - rate);
-    x itself when rate is 0."""
+    """Zeroes each entry of `x` with probability `rate`, scaling the rest by 1 / (1 - rate),
+    so that every entry keeps its expected value (inverted dropout); x itself at rate 0."""
     check_rate(rate)
     if rate == 0.0:
         return x
@@ -42,9 +43,8 @@ def make_dropout_train_step(loss_fn, optimizer: optax.GradientTransformation, ke
     if rate == 0.0:
         return make_train_step(loss_fn, optimizer)
 
-    def train_step(params, opt_state, batch):
-        step = optax.tree_utils.tree_get(opt_state, "count")  # updates applied so far
-        loss = functools.partial(loss_fn, dropout_rate=rate, key=jax.random.fold_in(key, step))
-        return make_train_step(loss, optimizer)(params, opt_state, batch)
-
-    return train_step
+    keyed = make_keyed_train_step(
+        lambda params, batch, step_key: loss_fn(params, batch, dropout_rate=rate, key=step_key),
+        optimizer,
+    )
+    return lambda params, opt_state, batch: keyed(params, opt_state, batch, key)

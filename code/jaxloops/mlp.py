@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxloops.data import Batch
+from jaxloops.dropout import check_rate, dropout
 from jaxloops.initializers import draw_normal
 from jaxloops.losses import accuracy, cross_entropy
 
@@ -41,22 +42,6 @@ def _init_layers(key: jax.Array, sizes: tuple[int, ...]) -> Params:
     return params
 
 
-def dropout(key: jax.Array, x: jax.Array, rate: float) -> jax.Array:
-    """Zeroes each entry of `x` with probability `rate`, scaling the rest by 1 / (1 - rate),
-    so that every entry keeps its expected value (inverted dropout)."""
-    check_dropout_rate(rate)
-    if rate == 0:
-        return x
-    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
-    return jnp.where(keep, x / (1.0 - rate), 0.0)
-
-
-def check_dropout_rate(rate: float) -> None:
-    # Written as `not (...)` so that NaN, which fails every comparison, is refused too.
-    if not (0 <= rate < 1):
-        raise ValueError(f"dropout rate {rate} must be in [0, 1)")
-
-
 def mlp_logits(
     params: Params, x: jax.Array, key: jax.Array | None = None, dropout_rate: float = 0.0
 ) -> jax.Array:
@@ -65,7 +50,7 @@ def mlp_logits(
     With a `key`, dropout at `dropout_rate` follows every hidden ReLU, layer i drawing from
     `fold_in(key, i)` (training); without one there is none (evaluation, deterministic).
     """
-    check_dropout_rate(dropout_rate)
+    check_rate(dropout_rate)
     layers = [params[f"dense_{i}"] for i in range(len(params))]
     if x.ndim != 2 or x.shape[1] != layers[0]["w"].shape[0]:
         raise ValueError(
@@ -75,7 +60,7 @@ def mlp_logits(
     for i, layer in enumerate(layers[:-1]):
         x = jax.nn.relu(x @ layer["w"] + layer["b"][None, :])  # (B, F_i) -> (B, F_{i+1})
         if key is not None:
-            x = dropout(jax.random.fold_in(key, i), x, dropout_rate)
+            x = dropout(x, dropout_rate, jax.random.fold_in(key, i))
     return x @ layers[-1]["w"] + layers[-1]["b"][None, :]  # (B, F) -> (B, C)
 
 
