@@ -158,17 +158,17 @@ def test_decode_tokens_writes_the_donated_cache_in_place(batch, kv_heads):
     assert memory.temp_size_in_bytes < cache_bytes  # no copy of the cache anywhere
 
 
-def test_loop_form_drops_the_size_1_axes_and_keeps_the_bytes():
+def test_drop_unit_axes_drops_the_size_1_axes_and_keeps_the_bytes():
     cache = jaxloops.init_kv_cache(layers=2, batch=1, length=11, kv_heads=3, head_dim=5)
-    carried = jaxloops.loop_form(cache)
+    carried = jaxloops.drop_unit_axes(cache)
     assert carried[1]["value"].shape == (3, 11, 5)  # (K, S, H): B = 1 dropped
     shapes = {(2, 3): (2, 3, 11, 5), (2, 1): (2, 11, 5), (1, 1): (11, 5)}  # (B, K) -> form
     for (batch, kv_heads), shape in shapes.items():
-        assert jaxloops.loop_form(np.zeros((batch, kv_heads, 11, 5))).shape == shape
+        assert jaxloops.drop_unit_axes(np.zeros((batch, kv_heads, 11, 5))).shape == shape
 
 
 @pytest.mark.parametrize("batch, kv_heads", [(1, 3), (2, 1), (1, 1)])
-def test_decode_step_on_the_loop_form_equals_the_full_cache(batch, kv_heads):
+def test_decode_step_on_the_cache_without_unit_axes_equals_the_full_cache(batch, kv_heads):
     heads, head_dim, slots, length = 6, 5, 11, 4
     query = normal((batch, length, heads, head_dim), 10)
     key_ = normal((batch, length, kv_heads, head_dim), 11)
@@ -176,15 +176,15 @@ def test_decode_step_on_the_loop_form_equals_the_full_cache(batch, kv_heads):
     cache = np.asarray(normal((batch, kv_heads, slots, head_dim), 13))  # stale slots too
     full = jaxloops.decode_step(query, key_, value, cache, cache, 2)
     carried = jaxloops.decode_step(
-        query, key_, value, jaxloops.loop_form(cache), jaxloops.loop_form(cache), 2
+        query, key_, value, jaxloops.drop_unit_axes(cache), jaxloops.drop_unit_axes(cache), 2
     )
     np.testing.assert_array_equal(carried[0], full[0])
-    np.testing.assert_array_equal(carried[1], jaxloops.loop_form(full[1]))
+    np.testing.assert_array_equal(carried[1], jaxloops.drop_unit_axes(full[1]))
 
 
-def test_decode_attention_rejects_a_loop_form_that_does_not_fit():
+def test_decode_attention_rejects_a_drop_unit_axes_that_does_not_fit():
     query = np.zeros((2, 1, 6, 5))  # B = 2: a (2, S, H) form is K = 1, a (3, S, H) form fits none
-    with pytest.raises(ValueError, match=r"loop_form of a \(B, K, S, H\) cache"):
+    with pytest.raises(ValueError, match=r"drop_unit_axes form of a \(B, K, S, H\) cache"):
         jaxloops.decode_attention(query, np.zeros((3, 11, 5)), np.zeros((3, 11, 5)), 0)
 
 

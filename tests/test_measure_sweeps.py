@@ -79,7 +79,7 @@ def test_causal_sweep_pairs_full_and_causal_calls():
 
 @functools.partial(jax.jit, donate_argnums=(3, 4))
 def _carried_as_given(queries, keys, values, cache_key, cache_value):
-    """decode_tokens' scan without its loop_form: the (B, K, S, H) cache is the carry."""
+    """decode_tokens' scan without drop_unit_axes: the (B, K, S, H) cache is the carry."""
 
     def step(carry, new):
         cache_key, cache_value, position = carry

@@ -70,9 +70,9 @@ from jaxloops.kvcache import (
     decode_attention,
     decode_step,
     decode_tokens,
+    drop_unit_axes,
     init_kv_cache,
     kv_cache_bytes,
-    loop_form,
 )
 from jaxloops.loop import fit, make_epoch, python_loop, unstack
 from jaxloops.losses import accuracy, checked_cross_entropy, cross_entropy
@@ -139,7 +139,7 @@ __all__ = (
     "kv_cache_bytes",
     "load_digits_split",
     "load_stdlib_corpus",
-    "loop_form",
+    "drop_unit_axes",
     "make_epoch",
     "make_optimizer",
     "make_train_step",

@@ -13,7 +13,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxloops.kvcache import loop_form
+from jaxloops.kvcache import drop_unit_axes
 from jaxloops.losses import check_labels
 from jaxloops.transformer import (
     Params,
@@ -50,14 +50,14 @@ def generate(
     The cache holds S = P + steps positions. Prefill runs the prompt through the model once
     and writes its keys and values; each decode step then feeds one token, writes one
     position, and attends to the positions written so far. The cache lives in the loop's
-    carry, in its `loop_form`, so each step writes its one position in place instead of
+    carry in its `drop_unit_axes` form, so each step writes its one position in place instead of
     copying the cache.
     """
     B, P = check_generation(params, prompt, steps)
     S = P + steps
     tokens = jnp.zeros((B, S), jnp.int32).at[:, :P].set(prompt)  # (B, S)
     # Prefill: the whole prompt in one call; only the last position's logits are needed.
-    cache = loop_form(kv_cache_for(params, B, S))  # no size-1 axis for XLA to reshape
+    cache = drop_unit_axes(kv_cache_for(params, B, S))  # no size-1 axis for XLA to reshape
     logits, cache = cached_logits(params, prompt, cache, 0)  # (B, P, V)
     first = sample_token(jax.random.fold_in(key, 0), logits[:, -1], temperature)  # (B,)
     tokens = tokens.at[:, P].set(first)

@@ -90,7 +90,7 @@ def check_decode_shapes(query, cache_key, cache_value) -> tuple[int, ...]:
     return B, T, N, K, S, H
 
 
-def loop_form(cache):
+def drop_unit_axes(cache):
     """Cache arrays (B, K, S, H) without their size-1 B and K axes: the same bytes, shaped as
     the matrix products of a decode step read them. Works on one array or a whole cache.
 
@@ -100,23 +100,23 @@ def loop_form(cache):
     the cache, on every step. A loop that carries this form has nothing to reshape.
     """
 
-    def drop_unit_axes(x):
+    def squeeze(x):
         return x.reshape(*(d for d in x.shape[:2] if d > 1), *x.shape[2:])
 
-    return jax.tree.map(drop_unit_axes, cache)
+    return jax.tree.map(squeeze, cache)
 
 
 def _decode_shapes(query, cache_key, cache_value) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(B, T, N, K, S, H) and the cache's leading axes, for a (B, K, S, H) cache or its
-    `loop_form`; the checks are `check_decode_shapes`' on the (B, K, S, H) shape."""
-    lead = cache_key.shape[:-2]  # (B, K), or what loop_form left of them
+    `drop_unit_axes` form; the checks are `check_decode_shapes`' on the (B, K, S, H) shape."""
+    lead = cache_key.shape[:-2]  # (B, K), or what drop_unit_axes left of them
     if cache_key.ndim != 4 and query.ndim == 4 and cache_key.ndim in (2, 3):
         B = query.shape[0]
         K = math.prod(lead) // B
         if K < 1 or tuple(d for d in (B, K) if d > 1) != lead:
             raise ValueError(
                 f"query {query.shape} (B, T, N, H) does not fit cache {cache_key.shape}, the "
-                f"loop_form of a (B, K, S, H) cache: need its leading axes to be (B, K) "
+                f"drop_unit_axes form of a (B, K, S, H) cache: need its leading axes to be (B, K) "
                 f"without size-1 axes"
             )
         if cache_key.shape == cache_value.shape:  # else check_decode_shapes says they differ
@@ -148,7 +148,7 @@ def decode_attention(query, cache_key, cache_value, start):
 
     Args:
       query: (B, T, N, H); T = 1 for a decode step, the prompt for a prefill.
-      cache_key, cache_value: (B, K, S, H), one layer of the cache, or its `loop_form`.
+      cache_key, cache_value: (B, K, S, H), one layer of the cache, or its `drop_unit_axes` form.
       start: position of the first query (a traced int is fine).
 
     Returns:
@@ -188,12 +188,12 @@ def decode_step(query, new_key, new_value, cache_key, cache_value, start):
     """Writes T new keys/values into slots start..start+T-1, then attends over the cache.
 
     Under `jit` with the cache donated, or in the carry of a `lax.scan` or `fori_loop`
-    that carries its `loop_form`, the write happens in place: only the T new slots are
+    that carries its `drop_unit_axes` form, the write happens in place: only the T new slots are
     written, the rest is not copied.
 
     Args:
       query: (B, T, N, H); new_key, new_value: (B, T, K, H), as a projection gives them.
-      cache_key, cache_value: (B, K, S, H), or its `loop_form` (what a loop should carry).
+      cache_key, cache_value: (B, K, S, H), or its `drop_unit_axes` form (what a loop should carry).
       start: the slot of the first new token (a traced int is fine).
 
     Returns:
@@ -232,7 +232,7 @@ def decode_tokens(queries, keys, values, cache_key, cache_value, start):
     """Decodes T tokens one after another, each step writing its slot and attending, as
     generation does: a `lax.scan` of `decode_step` with the cache in its carry.
 
-    The cache passed in is donated and the loop carries its `loop_form`: the compiled loop
+    The cache passed in is donated and the loop carries its `drop_unit_axes` form: the compiled loop
     writes one slot per step into the same buffers and returns them, and copies no cache,
     whatever B and K.
 
@@ -258,6 +258,6 @@ def decode_tokens(queries, keys, values, cache_key, cache_value, start):
         raise ValueError(f"{queries.shape[1]} tokens cannot fit a cache of {shape[-2]} slots")
     tokens_first = tuple(x.swapaxes(0, 1) for x in (queries, keys, values))  # (T, B, ., H)
     (cache_key, cache_value, _), outs = lax.scan(
-        step, (*loop_form((cache_key, cache_value)), start), tokens_first
+        step, (*drop_unit_axes((cache_key, cache_value)), start), tokens_first
     )  # outs (T, B, N, H)
     return outs.swapaxes(0, 1), cache_key.reshape(shape), cache_value.reshape(shape)

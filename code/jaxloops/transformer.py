@@ -262,7 +262,7 @@ def cached_logits(params: Params, tokens: jax.Array, cache, start):
 
     Args:
       cache: one {"key", "value"} per layer, each (B, K, S, H), as `kv_cache_for` makes,
-        or its `loop_form`.
+        or its `drop_unit_axes` form.
     Returns:
       (logits (B, T, V), the cache with the T new positions written).
     """
