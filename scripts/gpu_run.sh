@@ -13,7 +13,7 @@
 #   first  implementation report, matmul ceilings, read bandwidth, cuDNN bf16 sweep with naive
 #          and XLA at the goal length, chapter 6's MLP rows, chapter 11's LM step and its MFU;
 #          each measured in a child process that saves it at once (a crash loses only it)
-#   book   the strict book build (BOOK_CHAPTERS="06 12 13" builds those chapters alone)
+#   book   the strict book build (BOOK_CHAPTERS="12 13" builds those chapters alone)
 #   tests  the test suite, one line per test as it ends (a timeout keeps the lines so far)
 #   rest   the rest of the attention sweep, the causal sweep, the plot
 # OUT_DIR then holds at most 5 files (the device hands back 8): results.json (every section,
