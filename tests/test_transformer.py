@@ -184,7 +184,7 @@ def einsum_loss(params, batch):
         q = jnp.einsum("BTD,DNH->BTNH", h, attn["query"])
         k = jnp.einsum("BTD,DKH->BTKH", h, attn["key"])
         v = jnp.einsum("BTD,DKH->BTKH", h, attn["value"])
-        out = attention(q, k, v, is_causal=True)  # (B, T, N, H)
+        out = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # (B, T, N, H)
         x = x + jnp.einsum("BTNH,NHD->BTD", out, attn["out"])
         h = jnp.einsum("BTD,DF->BTF", rms_norm(mlp["norm"], x), mlp["w_in"])
         x = x + jnp.einsum("BTF,FD->BTD", jax.nn.gelu(h), mlp["w_out"])

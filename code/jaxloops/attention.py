@@ -99,10 +99,44 @@ def masked_fill_value(dtype):
 
 
 def softmax(scores, axis: int = -1):
-    """Softmax over `axis` (the keys), subtracting the max along it for stability."""
-    shifted = scores - scores.max(axis=axis, keepdims=True)
+    """Softmax over `axis` (the keys), subtracting the max along it for stability.
+
+    The max is a constant to the gradient (`stop_gradient`): the softmax does not depend on
+    it, and differentiating through it would add a pass over the scores for a zero."""
+    shifted = scores - jax.lax.stop_gradient(scores.max(axis=axis, keepdims=True))
     weights = jnp.exp(shifted)
     return weights / weights.sum(axis=axis, keepdims=True)
+
+
+def causal_bias(T: int, S: int, dtype=jnp.float32):
+    """The causal mask as a (T, S) constant to add to the scores: 0 where query t sees key s
+    (s <= t), the masked fill value elsewhere. Added, it needs no select in the backward."""
+    return jnp.where(causal_mask(T, S), 0.0, masked_fill_value(dtype)).astype(dtype)
+
+
+def grouped_scores(query, key, *, is_causal: bool = False, mask=None):
+    """Moves 1 and 2 of attention and the masks: logits (B, K, G, T, S), in at least float32.
+
+    The 1/sqrt(H) scales the queries (T H numbers) rather than the scores (T S)."""
+    B, T, N, H = query.shape
+    _, S, K, _ = key.shape
+    G = N // K
+    # Logits and softmax in at least float32, as jax's XLA path does for bf16/fp16.
+    logits_dtype = jnp.promote_types(query.dtype, jnp.float32)
+    # Move 2, done first: scale so the logits' variance does not grow with H.
+    query = query * jnp.asarray(1.0 / math.sqrt(H), query.dtype)
+    # Heads-major layouts, so that the batch dimensions of the matmul lead.
+    query_BKGTH = query.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4)  # (B, K, G, T, H)
+    key_BKSH = key.transpose(0, 2, 1, 3)  # (B, K, S, H)
+    # Move 1: every query against every key.
+    scores = jnp.einsum(
+        "BKGTH,BKSH->BKGTS", query_BKGTH, key_BKSH, preferred_element_type=logits_dtype
+    )  # (B, K, G, T, S)
+    if is_causal:
+        scores = scores + causal_bias(T, S, scores.dtype)[None, None, None]  # + (1, 1, 1, T, S)
+    if mask is not None:
+        scores = jnp.where(grouped_mask(mask, N, K), scores, masked_fill_value(scores.dtype))
+    return scores
 
 
 def attention_weights(query, key, *, is_causal: bool = False, mask=None):
@@ -116,31 +150,18 @@ def attention_weights(query, key, *, is_causal: bool = False, mask=None):
       is_causal: query t attends to keys s <= t (aligned top-left, like jax).
       mask: optional boolean, broadcastable to (B, N, T, S); True = attend.
     """
-    B, T, N, H = query.shape
-    _, S, K, _ = key.shape
-    G = N // K
-    # Logits and softmax in at least float32, as jax's XLA path does for bf16/fp16.
-    logits_dtype = jnp.promote_types(query.dtype, jnp.float32)
-    # Heads-major layouts, so that the batch dimensions of the matmul lead.
-    query_BKGTH = query.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4)  # (B, K, G, T, H)
-    key_BKSH = key.transpose(0, 2, 1, 3)  # (B, K, S, H)
-    # Move 1: every query against every key.
-    scores = jnp.einsum(
-        "BKGTH,BKSH->BKGTS", query_BKGTH, key_BKSH, preferred_element_type=logits_dtype
-    )  # (B, K, G, T, S)
-    # Move 2: scale so the logits' variance does not grow with H.
-    scores = scores * (1.0 / math.sqrt(H))
-    if is_causal:
-        scores = jnp.where(causal_mask(T, S), scores, masked_fill_value(scores.dtype))
-    if mask is not None:
-        scores = jnp.where(grouped_mask(mask, N, K), scores, masked_fill_value(scores.dtype))
+    B, T, N, _ = query.shape
+    scores = grouped_scores(query, key, is_causal=is_causal, mask=mask)  # (B, K, G, T, S)
     # Move 3: softmax over the keys.
-    return softmax(scores).reshape(B, N, T, S)  # (B, K, G, T, S) -> (B, N, T, S)
+    return softmax(scores).reshape(B, N, T, -1)  # (B, K, G, T, S) -> (B, N, T, S)
 
 
 @functools.partial(jax.jit, static_argnames=("is_causal",))
 def attention(query, key, value, *, is_causal: bool = False, mask=None):
     """Naive attention: materialises the (T, S) scores for every batch and head.
+
+    Move 3, the softmax, is split around move 4: its exponentials before the mix, its
+    division after it, on (T, H) outputs instead of (T, S) weights.
 
     Args:
       query: (B, T, N, H), floating point.
@@ -154,14 +175,17 @@ def attention(query, key, value, *, is_causal: bool = False, mask=None):
     """
     query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
     B, T, S, N, K, H = check_attention_shapes(query, key, value, mask)
-    G = N // K
-    weights = attention_weights(query, key, is_causal=is_causal, mask=mask)  # (B, N, T, S)
-    weights = weights.reshape(B, K, G, T, S)  # (B, N, T, S) -> (B, K, G, T, S)
+    scores = grouped_scores(query, key, is_causal=is_causal, mask=mask)  # (B, K, G, T, S)
+    # Move 3, first half: the softmax's exponentials, shifted by the row max for stability.
+    exps = jnp.exp(scores - jax.lax.stop_gradient(scores.max(axis=-1, keepdims=True)))
     value_BKSH = value.transpose(0, 2, 1, 3)  # (B, K, S, H)
     # Move 4: mix the values with those weights.
     out = jnp.einsum(
-        "BKGTS,BKSH->BKGTH", weights.astype(value.dtype), value_BKSH
+        "BKGTS,BKSH->BKGTH", exps.astype(value.dtype), value_BKSH,
+        preferred_element_type=exps.dtype,
     )  # (B, K, G, T, H)
+    # Move 3, second half: divide by each row's sum of exponentials.
+    out = (out / exps.sum(axis=-1, keepdims=True)).astype(value.dtype)  # (B, K, G, T, H)
     return out.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)  # (B, T, N, H)
 
 
