@@ -1,4 +1,5 @@
 import jax
+import jax.numpy as jnp
 import pytest
 
 from jaxloops import step_speed
@@ -46,3 +47,35 @@ def test_summary_adds_up_the_groups_and_names_the_furthest_above_its_prediction(
     assert told["matmul_share"] == 0.5 and told["dot_flops"] == 14.0
     assert told["worst"] == "attention"  # 1.5 s above, not the largest time (matmul: MLP)
     assert (told["worst_traced"], told["worst_predicted"]) == (2.0, 0.5)
+
+
+def test_the_textbook_control_computes_what_attention_computes():
+    from jaxloops.attention import attention, attention_rounding_bound, textbook_attention
+
+    q_key, k_key, v_key = jax.random.split(jax.random.key(4), 3)
+    query = jax.random.normal(q_key, (3, 7, 6, 5))  # (B, T, N, H)
+    key = jax.random.normal(k_key, (3, 7, 2, 5))  # (B, S, K, H), G = 3
+    value = jax.random.normal(v_key, (3, 7, 2, 5))
+
+    def grads(attend, causal=True):
+        loss = lambda q, k, v: (attend(q, k, v, is_causal=causal) ** 2).sum()  # noqa: E731
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(query, key, value)
+
+    out = attention(query, key, value, is_causal=True)
+    bound = attention_rounding_bound(query, key, jnp.abs(value).max())
+    error = float(jnp.abs(textbook_attention(query, key, value) - out).max())
+    assert error <= bound
+    want, got = grads(attention), grads(textbook_attention)
+    scale = max(float(jnp.abs(g).max()) for g in want)
+    grad_bound = attention_rounding_bound(query, key, scale)
+    assert max(float(jnp.abs(a - b).max()) for a, b in zip(want, got)) <= grad_bound
+    # A known-wrong answer: the control without its causal mask is rejected by both bounds.
+    wrong = textbook_attention(query, key, value, is_causal=False)
+    assert float(jnp.abs(wrong - out).max()) > bound
+    wrong_grads = grads(textbook_attention, causal=False)
+    assert max(float(jnp.abs(a - b).max()) for a, b in zip(want, wrong_grads)) > grad_bound
+
+
+def test_step_seconds_times_each_program_by_name(programs):
+    seconds = step_speed.step_seconds({"a": programs, "b": programs}, rounds=1)
+    assert set(seconds) == {"a", "b"} and all(s > 0 for s in seconds.values())

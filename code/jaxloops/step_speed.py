@@ -4,10 +4,12 @@ time goes (chapter 11's last section, and `make bench`).
 Sizes are (L, D, N, K, F, T, B), as `LanguageModelSizes.speed` holds them.
 """
 
+import functools
 import statistics
 
 import jax
 
+from jaxloops.attention import attention
 from jaxloops.data import Batch
 from jaxloops.measure import breakdown
 from jaxloops.measure.compiled import costs_of
@@ -20,9 +22,10 @@ from jaxloops.transformer import TransformerConfig, init_transformer, transforme
 PROGRAMS = ("forward", "gradient", "step")
 
 
-def step_programs(sizes: tuple[int, ...], key: jax.Array) -> dict:
+def step_programs(sizes: tuple[int, ...], key: jax.Array, attend=attention) -> dict:
     """The compiled forward loss, value-and-gradient and AdamW train step of a transformer of
-    `sizes` on one batch of random tokens, with their arguments.
+    `sizes` on one batch of random tokens, with their arguments; `attend` is every block's
+    attention (`transformer_loss`).
 
     Returns:
       {"forward", "gradient", "step": (compiled, args)}, and "tokens": B T per step.
@@ -39,12 +42,13 @@ def step_programs(sizes: tuple[int, ...], key: jax.Array) -> dict:
     opt_state = optimizer.init(params)
 
     def loss(params, batch):
-        return transformer_loss(params, batch)[0]
+        return transformer_loss(params, batch, attend)[0]
 
+    train_loss = functools.partial(transformer_loss, attend=attend)
     programs = {
         "forward": (jax.jit(loss), (params, batch)),
         "gradient": (jax.jit(jax.value_and_grad(loss)), (params, batch)),
-        "step": (jax.jit(make_train_step(transformer_loss, optimizer)), (params, opt_state, batch)),
+        "step": (jax.jit(make_train_step(train_loss, optimizer)), (params, opt_state, batch)),
     }
     compiled = {name: (fn.lower(*args).compile(), args) for name, (fn, args) in programs.items()}
     return {**compiled, "tokens": B * T}
@@ -75,6 +79,12 @@ def step_rates(programs: dict, rounds: int) -> dict:
         "of_ceiling": rate / roof.flops_per_s,
         "gradient_over_forward": seconds["gradient"] / seconds["forward"],
     }
+
+
+def step_seconds(programs: dict[str, dict], rounds: int) -> dict[str, float]:
+    """Median seconds of the train step of each of several `step_programs`, timed in turn."""
+    runs = {name: (lambda c=p["step"][0], a=p["step"][1]: c(*a)) for name, p in programs.items()}
+    return {name: statistics.median(s) for name, s in interleaved_samples(runs, rounds).items()}
 
 
 def step_breakdown(programs: dict, tries: int = 3) -> dict[str, dict]:
