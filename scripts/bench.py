@@ -1,7 +1,10 @@
 """The transformer train step's speed: tokens/s and the fraction of the build's matmul
 ceiling, at chapter 11's size and at a larger one (`make bench`). A benchmark, not a test.
 
-  python scripts/bench.py [--rounds 7] [--breakdown]
+  python scripts/bench.py [--rounds 7] [--breakdown] [--control]
+
+--control also times the step with `textbook_attention` (chapter 11's control) and, with
+--breakdown, gives each group's traced time in it: the before/after table of issue 26.
 """
 
 import argparse
@@ -9,6 +12,7 @@ import argparse
 import jax
 
 from jaxloops import experiment_sizes, step_speed
+from jaxloops.attention import textbook_attention
 from jaxloops.measure import describe_backend
 
 LARGER = (4, 256, 8, 2, 1024, 256, 16)  # L, D, N, K, F, T, B: issue 26's size
@@ -24,6 +28,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--breakdown", action="store_true", help="also the per-group table")
+    parser.add_argument("--control", action="store_true", help="also the textbook attention")
     args = parser.parse_args()
     print(f"{describe_backend()}, JAX {jax.__version__}, float32")
     header = f"{'size (L, D, N, K, F, T, B)':32s} {'tokens/s':>9s} {'GFLOP/s':>8s}"
@@ -34,10 +39,21 @@ def main() -> None:
         print(f"{str(sizes):32s} {row['tokens_per_s']:9,.0f} {row['flops_per_s'] / 1e9:8.1f} "
               f"{row['ceiling'] / 1e9:8.1f} {row['of_ceiling']:10.1%} "
               f"{row['gradient_over_forward']:8.2f}")  # fmt: skip
+        control = None
+        if args.control:
+            control = step_speed.step_programs(sizes, jax.random.key(0), attend=textbook_attention)
+            seconds = step_speed.step_seconds({"ours": programs, "control": control}, args.rounds)
+            print(f"    step {1e3 * seconds['ours']:.1f} ms, with textbook_attention "
+                  f"{1e3 * seconds['control']:.1f} ms: "
+                  f"{seconds['control'] / seconds['ours']:.2f}x")  # fmt: skip
         if args.breakdown:
+            before = step_speed.step_breakdown(control) if control else {}
             for group, g in step_speed.step_breakdown(programs).items():
-                print(f"    {group:28s} {1e3 * g['seconds']:8.1f} ms traced, "
-                      f"{1e3 * g['predicted']:7.1f} ms at the roofline")  # fmt: skip
+                line = f"    {group:28s} {1e3 * g['seconds']:8.1f} ms traced, "
+                line += f"{1e3 * g['predicted']:7.1f} ms at the roofline"
+                if group in before:
+                    line += f", {1e3 * before[group]['seconds']:8.1f} ms in the control"
+                print(line)
 
 
 if __name__ == "__main__":
