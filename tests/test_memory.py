@@ -85,7 +85,7 @@ def test_the_formula_bounds_the_compiled_gradient_and_autodiff_saves_more():
     row = measured.formula_sweep(SMALL_TRANSFORMER, [(B, T, 2)])[0]
     assert row["formula"] <= row["compiled"] <= row["autodiff"]
     census = measured.residual_census(SMALL_TRANSFORMER, B, T)
-    assert census["bytes"] == row["autodiff"] and census["scores"] > 1 and census["hidden"] > 2
+    assert census["bytes"] == row["autodiff"] and census["scores"] >= 1 and census["hidden"] > 2
     # print_saved_residuals' lines, parsed: the (B, N, T, S) softmax weights are among them.
     shapes = [shape for _, shape, _ in measured.saved_residuals(SMALL_TRANSFORMER, B, T)]
     assert any(

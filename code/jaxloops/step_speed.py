@@ -10,6 +10,7 @@ import statistics
 import jax
 
 from jaxloops.attention import attention
+from jaxloops.attention import textbook_attention as textbook_attention  # the control, re-exported
 from jaxloops.data import Batch
 from jaxloops.measure import breakdown
 from jaxloops.measure.compiled import costs_of
