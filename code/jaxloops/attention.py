@@ -194,8 +194,9 @@ def attention(query, key, value, *, is_causal: bool = False, mask=None):
 @functools.partial(jax.jit, static_argnames=("is_causal",))
 def textbook_attention(query, key, value, *, is_causal: bool = True):
     """The control: causal attention as its formula reads, softmax(Q K^T / sqrt(H)) V, with the
-    mask a select, the softmax's max differentiated and its division before the mix. The same
-    numbers as `attention`; chapter 11 times the train step with each.
+    mask a select, the softmax's max differentiated and its division before the mix: the
+    layouts and moves of `attention` before chapter 11's rewrite. The same numbers as
+    `attention`; chapter 11 times the train step with each.
 
     Args:
       query: (B, T, N, H); key, value: (B, S, K, H).
@@ -203,13 +204,14 @@ def textbook_attention(query, key, value, *, is_causal: bool = True):
     B, T, N, H = query.shape
     _, S, K, _ = key.shape
     query_BKGTH = query.reshape(B, T, K, N // K, H).transpose(0, 2, 3, 1, 4)  # (B, K, G, T, H)
-    scores = jnp.einsum("BKGTH,BSKH->BKGTS", query_BKGTH, key) / math.sqrt(H)  # (B, K, G, T, S)
-    if is_causal:
+    key_BKSH, value_BKSH = key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3)  # (B, K, S, H)
+    scores = jnp.einsum("BKGTH,BKSH->BKGTS", query_BKGTH, key_BKSH) * (1.0 / math.sqrt(H))
+    if is_causal:  # (B, K, G, T, S)
         scores = jnp.where(causal_mask(T, S), scores, masked_fill_value(scores.dtype))
     weights = jnp.exp(scores - scores.max(axis=-1, keepdims=True))  # (B, K, G, T, S)
     weights = weights / weights.sum(axis=-1, keepdims=True)
-    out = jnp.einsum("BKGTS,BSKH->BTKGH", weights, value)  # (B, T, K, G, H)
-    return out.reshape(B, T, N, H)
+    out = jnp.einsum("BKGTS,BKSH->BKGTH", weights, value_BKSH)  # (B, K, G, T, H)
+    return out.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)  # (B, T, N, H)
 
 
 def attention_rounding_bound(query, key, scale) -> float:
