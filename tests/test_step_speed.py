@@ -79,3 +79,18 @@ def test_the_textbook_control_computes_what_attention_computes():
 def test_step_seconds_times_each_program_by_name(programs):
     seconds = step_speed.step_seconds({"a": programs, "b": programs}, rounds=1)
     assert set(seconds) == {"a", "b"} and all(s > 0 for s in seconds.values())
+
+
+def test_against_control_states_the_speedup_and_the_predicted_saving():
+    groups = {
+        "attention": {"seconds": 2.0, "predicted": 0.5},
+        "norms": {"seconds": 1.0, "predicted": 0.2},
+    }
+    control = {
+        "attention": {"seconds": 5.0, "predicted": 1.5},
+        "norms": {"seconds": 1.0, "predicted": 0.2},
+    }
+    told = step_speed.against_control({"attention": 4.0, "textbook": 6.0}, groups, control)
+    assert told["speedup"] == 1.5 and told["saved"] == 2.0 and told["control_step"] == 6.0
+    assert told["saved_predicted"] == pytest.approx(1.0)  # 1.7 - 0.7: control minus ours
+    assert (told["attention_traced"], told["control_attention_traced"]) == (2.0, 5.0)

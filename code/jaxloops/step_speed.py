@@ -115,6 +115,21 @@ def summary(rates: dict, groups: dict[str, dict]) -> dict:
     }
 
 
+def against_control(step_time: dict, groups: dict, control_groups: dict) -> dict:
+    """What chapter 11 states about the control: the step's speed-up (`step_seconds` of
+    "textbook" over "attention"), the seconds it saved, the saving the kernels' roofline
+    predicts, and the attention group's traced time in each."""
+    return {
+        "speedup": step_time["textbook"] / step_time["attention"],
+        "control_step": step_time["textbook"],
+        "saved": step_time["textbook"] - step_time["attention"],
+        "saved_predicted": sum(g["predicted"] for g in control_groups.values())
+        - sum(g["predicted"] for g in groups.values()),
+        "attention_traced": groups["attention"]["seconds"],
+        "control_attention_traced": control_groups["attention"]["seconds"],
+    }
+
+
 def draw_breakdown(ax, groups: dict[str, dict], title: str) -> None:
     """Each group's traced and roofline milliseconds as paired horizontal bars."""
     names = list(groups)[::-1]
