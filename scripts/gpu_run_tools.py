@@ -52,7 +52,7 @@ class Stage:
         return 5 * math.ceil(self.cpu_seconds * STAND_IN_MARGIN / 5)
 
 
-# Most valuable first. The CPU seconds of setup, first and rest are .ci/rehearse_device's on
+# Most valuable first. The CPU seconds of setup, headline and sweeps are .ci/rehearse_device's on
 # this project's 2-core machine while four other sessions loaded it (load average 9 to 16), so
 # they are high; the book's and the tests' are issue 27's (the whole book at CPU sizes; the
 # suite under Python 3.12 with 2 workers), as the rehearsal builds three chapters only.
@@ -61,7 +61,7 @@ class Stage:
 STAGES = (
     Stage("setup", "JAX sees the GPU; the build tools from .whl/ (pip --no-index)",
           34.4, "rehearsal 1, 96 wheels installed", 1.0, "the same pip install"),
-    Stage("first", "implementation report, ceilings, cuDNN sweep, MLP rows, LM step's MFU",
+    Stage("headline", "implementation report, ceilings, cuDNN sweep, MLP rows, LM step's MFU",
           41.4, "rehearsal 2, toy plan", 1.7, "19 points instead of 11"),
     Stage("book", "the strict build of the whole book",
           277, "make book at CPU sizes, issue 27", 0.7,
@@ -69,7 +69,7 @@ STAGES = (
     Stage("tests", "the test suite, 8 workers, one line per test as it ends",
           150, "pytest -n 2 on Python 3.12, issue 27", 0.5,
           "8 workers on 16 cores instead of 2, and a CUDA start-up each"),
-    Stage("rest", "the rest of the attention sweep, the causal sweep, the plot",
+    Stage("sweeps", "the rest of the attention sweep, the causal sweep, the plot",
           18.0, "rehearsal 2, toy plan", 3.5, "39 points instead of 11"),
 )  # fmt: skip
 

@@ -134,7 +134,7 @@ def test_without_a_gpu_the_run_stops_after_setup_with_every_stage_recorded(tmp_p
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["logs.tar.gz", "stages.json"]
     stages = json.loads((tmp_path / "out" / "stages.json").read_text())
     assert stages["setup"]["status"] == "failed" and "JAX sees no GPU" in stages["setup"]["detail"]
-    assert {stages[n]["status"] for n in ("first", "book", "tests", "rest")} == {"skipped"}
+    assert {stages[n]["status"] for n in ("headline", "book", "tests", "sweeps")} == {"skipped"}
     assert "Traceback" not in run.stdout + run.stderr
 
 
