@@ -14,7 +14,8 @@
 #             naive and XLA at the goal length, chapter 6's MLP rows, chapter 11's LM step and
 #             its MFU; each measured in a child process that saves it at once (a crash loses
 #             only it)
-#   book      the strict book build (BOOK_CHAPTERS="12 13" builds those chapters alone)
+#   book      the strict build of GPU_BOOK_CHAPTERS (scripts/gpu_run_tools.py, which says
+#             why those), or of BOOK_CHAPTERS="12 13" where it is set
 #   tests     the test suite, one line per test as it ends (a timeout keeps the lines so far)
 #   sweeps    the rest of the attention sweep, the causal sweep, the plot
 # OUT_DIR then holds at most 5 files (the device hands back 8): results.json (every section,
@@ -130,6 +131,7 @@ record setup ok "$(elapsed "$t0")" "$(last_lines "$WORK/logs/setup.log" 3)"
 stage headline "$PY" "${BENCH[@]}" headline --out "$OUT_DIR" "${BENCH_MODE[@]}"
 
 toc=()
+BOOK_CHAPTERS=${BOOK_CHAPTERS:-$("$PY" "${TOOLS[@]}" book-chapters)}  # gpu_run_tools.py says why
 if [ -n "${BOOK_CHAPTERS:-}" ]; then  # the index, the chapters named, the pages without a number
   grep -v -E '^  - file: book/[0-9]{2}_' _toc.yml > "$WORK/_toc.yml"
   for n in $BOOK_CHAPTERS; do grep -E "^  - file: book/${n}_" _toc.yml; done > "$WORK/chapters"

@@ -28,7 +28,7 @@ RESULT_SECTIONS = {
 STAGES = {
     "setup": "the Python with JAX that sees the GPU, and the book's build tools",
     "headline": "implementation report, ceilings, cuDNN sweep, MLP rows, LM step's MFU",
-    "book": "the strict book build on the GPU",
+    "book": "the strict build of the chapters whose figures a GPU changes",
     "tests": "the test suite on the GPU",
     "sweeps": "the rest of the attention sweep, the causal sweep, the plot",
 }
