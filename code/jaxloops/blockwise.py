@@ -175,17 +175,18 @@ def _pad_to(x, axis: int, multiple: int):
 # Default tiles. Full attention: blocks of 512, four to a query tile (Tq = 2048), so that each
 # step's products are large. Causal: a tile skips only the key blocks after its last query, so
 # the saving grows with the number n of query tiles (at best 2n / (n + 1) of the work); query
-# tiles of 512 and key blocks of T / 4 (128 to 512). Smaller query tiles skip more on paper,
-# but on the 2-core CPU of chapter 9 their steps ran too slowly to gain (see the commit log).
+# tiles of 512 and key blocks of T / 4 (128 to 256). Smaller query tiles skip more on paper,
+# but on the 2-core CPU of chapter 9 their steps ran too slowly to gain, and key blocks of 512
+# (a tile of 512 walks them whole or masked) ran slower at T = 2048 (see the commit log).
 FULL_BLOCK, FULL_PARALLEL_BLOCKS = 512, 4
-CAUSAL_QUERY_TILE, CAUSAL_MIN_BLOCK = 512, 128
+CAUSAL_QUERY_TILE, CAUSAL_MIN_BLOCK, CAUSAL_MAX_BLOCK = 512, 128, 256
 
 
 def default_blocks(T: int, is_causal: bool) -> tuple[int, int]:
     """(block_size, parallel_blocks) that `blockwise_attention` uses for T queries by default.
 
     Full attention: (512, 4) at every T. Causal: key blocks of T / 4 rounded down to a power
-    of two and clipped to [128, 512], as many to a query tile as make it 512 queries.
+    of two and clipped to [128, 256], as many to a query tile as make it 512 queries.
     """
     T = operator.index(T)  # a NumPy integer too
     if T < 1:
@@ -193,7 +194,7 @@ def default_blocks(T: int, is_causal: bool) -> tuple[int, int]:
     if not is_causal:
         return FULL_BLOCK, FULL_PARALLEL_BLOCKS
     quarter = 2 ** max(0, (T // 4).bit_length() - 1)  # largest power of two <= T / 4
-    block = min(max(quarter, CAUSAL_MIN_BLOCK), CAUSAL_QUERY_TILE)
+    block = min(max(quarter, CAUSAL_MIN_BLOCK), CAUSAL_MAX_BLOCK)
     return block, CAUSAL_QUERY_TILE // block
 
 
