@@ -25,27 +25,35 @@ from jaxloops.attention import check_attention_shapes, masked_fill_value
 from jaxloops.blockwise_tiles import (  # re-exported: the tiles' pieces, one import away
     ROWS_PER_STEP,
     Tiling,
+    computed_scores,
     heads_per_step,
     online_softmax_step,
+    rows_from,
+    set_rows_from,
+    splits_diagonal,
     tile_grads,
     tile_scores,
     unmasked_key_blocks,
     visible_key_blocks,
     walk_key_blocks,
+    walk_split_diagonal,
 )
 
 __all__ = (
     "ROWS_PER_STEP",
     "Tiling",
     "blockwise_attention",
+    "computed_scores",
     "default_blocks",
     "heads_per_step",
     "online_softmax_step",
+    "splits_diagonal",
     "tile_grads",
     "tile_scores",
     "unmasked_key_blocks",
     "visible_key_blocks",
     "walk_key_blocks",
+    "walk_split_diagonal",
 )
 
 
@@ -71,22 +79,33 @@ def _forward(query, key, value, tiling: Tiling):
         chunk, first_head = i // groups, (i % groups) * per_step
         query_tiles = query_tiles * jnp.asarray(1.0 / math.sqrt(H), query_tiles.dtype)
 
-        def fold_key_block(j, carry, masked):
+        def fold_key_block(j, carry, masked, rows=(0, Tq)):
+            """Folds key block j into each head's queries rows[0] .. rows[1] - 1."""
             keys = lax.dynamic_slice_in_dim(key[j], first_head, per_step)  # (per_step, Sb, H)
             values = lax.dynamic_slice_in_dim(value[j], first_head, per_step)  # (per_step, Sb, H)
+            if rows == (0, Tq):
+                scores = tile_scores(query_tiles, keys, chunk * Tq, j * Sb, tiling, masked)
+                return online_softmax_step(carry, scores, values)  # scores: (per_step, R, Sb)
+            part = tiling._replace(Tq=rows[1] - rows[0])  # G heads of part.Tq queries each
             scores = tile_scores(
-                query_tiles, keys, chunk * Tq, j * Sb, tiling, masked
-            )  # (per_step, R, Sb)
-            return online_softmax_step(carry, scores, values)
+                rows_from(query_tiles, rows, Tq), keys, chunk * Tq + rows[0], j * Sb, part, masked
+            )  # (per_step, G * part.Tq, Sb)
+            new = online_softmax_step([rows_from(c, rows, Tq) for c in carry], scores, values)
+            return tuple(set_rows_from(c, rows, Tq, x) for c, x in zip(carry, new))
 
         init = (
             jnp.full((per_step, R), fill, jnp.float32),
             jnp.zeros((per_step, R), jnp.float32),
             jnp.zeros((per_step, R, H), jnp.float32),
         )
-        running_max, running_sum, out = walk_key_blocks(
-            fold_key_block, chunk, tiling, n_key_blocks, init
-        )
+        if splits_diagonal(tiling):
+            running_max, running_sum, out = walk_split_diagonal(
+                fold_key_block, chunk, tiling, n_key_blocks, init
+            )
+        else:
+            running_max, running_sum, out = walk_key_blocks(
+                fold_key_block, chunk, tiling, n_key_blocks, init
+            )
         # The log-sum-exp of each row is all the backward pass needs to rebuild the weights.
         return out / running_sum[..., None], running_max + jnp.log(running_sum)
 
