@@ -258,7 +258,8 @@ def blockwise_attention(
       key: (B, S, K, H) with N % K == 0.
       value: (B, S, K, H).
       is_causal: query t attends to keys s <= t (top-left); key blocks entirely after a
-        tile's last query are skipped, not just masked.
+        tile's last query are skipped, not just masked, and (T = S, `splits_diagonal`) the
+        forward pass folds each block on the diagonal only into the rows that see it.
       block_size: queries and keys per block (Tb = Sb); T and S need not be multiples of it.
         None: `default_blocks(T, is_causal)`.
       parallel_blocks: query blocks of one head that walk the key blocks together, as one

@@ -179,8 +179,10 @@ def walk_split_diagonal(fold, chunk, tiling: Tiling, n_key_blocks: int, init):
 
 
 def computed_scores(tiling: Tiling, n_query_tiles: int, n_key_blocks: int) -> int:
-    """Scores per head that the forward pass computes: Tq * Sb for each block it walks, less the
-    rows that `walk_split_diagonal` skips."""
+    """Scores per head that the forward pass computes, all query tiles together.
+
+    Tq * Sb for each key block a tile walks, less the rows that `walk_split_diagonal` skips.
+    """
     total = 0
     for chunk in range(n_query_tiles):
         walked = int(visible_key_blocks(chunk, tiling, n_key_blocks))
