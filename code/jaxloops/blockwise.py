@@ -33,6 +33,7 @@ from jaxloops.blockwise_tiles import (  # re-exported: the tiles' pieces, one im
     splits_diagonal,
     tile_grads,
     tile_scores,
+    to_tiles,
     unmasked_key_blocks,
     visible_key_blocks,
     walk_key_blocks,
@@ -50,6 +51,7 @@ __all__ = (
     "splits_diagonal",
     "tile_grads",
     "tile_scores",
+    "to_tiles",
     "unmasked_key_blocks",
     "visible_key_blocks",
     "walk_key_blocks",
@@ -183,14 +185,6 @@ def _blockwise_core_fwd(query, key, value, tiling: Tiling):
 _blockwise_core.defvjp(_blockwise_core_fwd, _backward)
 
 
-def _pad_to(x, axis: int, multiple: int):
-    """Zero-pads `axis` of x up to a multiple of `multiple`."""
-    pad = -x.shape[axis] % multiple
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, pad)
-    return jnp.pad(x, widths)
-
-
 # Default tiles. Full attention: blocks of 512, four to a query tile (Tq = 2048), so that each
 # step's products are large. Causal: a tile skips only the key blocks after its last query, so
 # the saving grows with the number n of query tiles (at best 2n / (n + 1) of the work); query
@@ -215,25 +209,6 @@ def default_blocks(T: int, is_causal: bool) -> tuple[int, int]:
     quarter = 2 ** max(0, (T // 4).bit_length() - 1)  # largest power of two <= T / 4
     block = min(max(quarter, CAUSAL_MIN_BLOCK), CAUSAL_MAX_BLOCK)
     return block, CAUSAL_QUERY_TILE // block
-
-
-def _to_tiles(query, key, value, Tq: int, Sb: int, per_step: int):
-    """Pads and cuts query into (steps, per_step, R, H) tiles, key and value into
-    (nS, B * K, Sb, H) blocks (see `_forward`)."""
-    B, _, K, H = key.shape
-    G = query.shape[2] // K
-    query = _pad_to(query, 1, Tq)  # (B, nT * Tq, N, H)
-    query = query.reshape(B, -1, Tq, K, G, H)  # (B, nT, Tq, K, G, H)
-    query = query.transpose(1, 0, 3, 4, 2, 5)  # (nT, B, K, G, Tq, H)
-    query = query.reshape(-1, per_step, G * Tq, H)  # (steps, per_step, R, H)
-    key, value = (
-        _pad_to(x, 1, Sb)  # (B, nS * Sb, K, H)
-        .reshape(B, -1, Sb, K, H)  # (B, nS, Sb, K, H)
-        .transpose(1, 0, 3, 2, 4)  # (nS, B, K, Sb, H)
-        .reshape(-1, B * K, Sb, H)  # (nS, B * K, Sb, H)
-        for x in (key, value)
-    )
-    return query, key, value
 
 
 @functools.partial(
@@ -290,7 +265,7 @@ def blockwise_attention(
     tiling = Tiling(T, S, Tq, Sb, is_causal)
     per_step = heads_per_step(B * K, (N // K) * Tq, rows_per_step)
 
-    tiles = _to_tiles(query, key, value, Tq, Sb, per_step)
+    tiles = to_tiles(query, key, value, Tq, Sb, per_step)
     core = _blockwise_core if custom_vjp else lambda *args: _forward(*args)[0]
     out = core(*tiles, tiling)  # (steps, per_step, R, H)
     out = out.reshape(-1, B, K, N // K, Tq, H)  # (nT, B, K, G, Tq, H)

@@ -2,7 +2,8 @@
 
 A tile is R = G * Tq query rows of one (batch element, key/value head); it walks the key
 blocks of Sb keys of its head, folding each into the running (max, sum, output) of an online
-softmax. `jaxloops.blockwise` cuts the arrays into tiles and walks them, forward and backward.
+softmax. `to_tiles` cuts the arrays into tiles; `jaxloops.blockwise` walks them, forward and
+backward.
 """
 
 import math
@@ -218,3 +219,30 @@ def tile_grads(
     d_query = jnp.einsum("...RS,...SH->...RH", d_scores, key_block) * (1.0 / math.sqrt(H))
     d_key = jnp.einsum("...RS,...RH->...SH", d_scores, query_tile)  # (..., Sb, H)
     return d_query, d_key, d_value
+
+
+def _pad_to(x, axis: int, multiple: int):
+    """Zero-pads `axis` of x up to a multiple of `multiple`."""
+    pad = -x.shape[axis] % multiple
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, pad)
+    return jnp.pad(x, widths)
+
+
+def to_tiles(query, key, value, Tq: int, Sb: int, per_step: int):
+    """Pads and cuts query into (steps, per_step, R, H) tiles, key and value into
+    (nS, B * K, Sb, H) blocks (see `blockwise._forward`)."""
+    B, _, K, H = key.shape
+    G = query.shape[2] // K
+    query = _pad_to(query, 1, Tq)  # (B, nT * Tq, N, H)
+    query = query.reshape(B, -1, Tq, K, G, H)  # (B, nT, Tq, K, G, H)
+    query = query.transpose(1, 0, 3, 4, 2, 5)  # (nT, B, K, G, Tq, H)
+    query = query.reshape(-1, per_step, G * Tq, H)  # (steps, per_step, R, H)
+    key, value = (
+        _pad_to(x, 1, Sb)  # (B, nS * Sb, K, H)
+        .reshape(B, -1, Sb, K, H)  # (B, nS, Sb, K, H)
+        .transpose(1, 0, 3, 2, 4)  # (nS, B, K, Sb, H)
+        .reshape(-1, B * K, Sb, H)  # (nS, B * K, Sb, H)
+        for x in (key, value)
+    )
+    return query, key, value
