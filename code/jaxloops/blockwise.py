@@ -10,7 +10,9 @@ once for all of them and each product is a plain (R x H) by (H x Sb) matrix prod
 tiles walk together, several heads per step (`heads_per_step`), so that a step's products
 are large enough to be worth splitting over the cores. The backward pass
 (`jax.custom_vjp`) keeps only Q, K, V, the output and one log-sum-exp per query row, and
-recomputes each tile's scores from them. What one tile does lives in `blockwise_tiles`.
+recomputes each tile's scores from them. Causal, with T = S, the forward pass folds each
+key block on the diagonal only into the rows that see some of it. What one tile does lives
+in `blockwise_tiles`.
 """
 
 import functools
@@ -186,11 +188,11 @@ _blockwise_core.defvjp(_blockwise_core_fwd, _backward)
 
 
 # Default tiles. Full attention: blocks of 512, four to a query tile (Tq = 2048), so that each
-# step's products are large. Causal: a tile skips only the key blocks after its last query, so
-# the saving grows with the number n of query tiles (at best 2n / (n + 1) of the work); query
-# tiles of 512 and key blocks of T / 4 (128 to 256). Smaller query tiles skip more on paper,
-# but on the 2-core CPU of chapter 9 their steps ran too slowly to gain, and key blocks of 512
-# (a tile of 512 walks them whole or masked) ran slower at T = 2048 (see the commit log).
+# step's products are large. Causal: a tile skips the key blocks after its last query, and
+# (T = S) the rows of its diagonal blocks that see none of their keys; query tiles of 512 and
+# key blocks of T / 4 (128 to 256). On the 2-core CPU of chapter 9, tiles of fewer queries
+# ran their steps too slowly to gain, and key blocks of 512 ran slower at T = 2048 (see the
+# commit log).
 FULL_BLOCK, FULL_PARALLEL_BLOCKS = 512, 4
 CAUSAL_QUERY_TILE, CAUSAL_MIN_BLOCK, CAUSAL_MAX_BLOCK = 512, 128, 256
 
