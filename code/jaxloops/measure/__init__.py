@@ -5,6 +5,8 @@ from jaxloops.measure import comms as comms  # a module: measure.comms.per_step
 from jaxloops.measure import compiled as compiled  # a module: measure.compiled.fusions_of
 from jaxloops.measure import decode_figures as decode_figures  # ch10: layout_figures
 from jaxloops.measure import gpu_report as gpu_report  # a module: measure.gpu_report.sidebar
+from jaxloops.measure import lm_figures as lm_figures  # ch11: training_figures
+from jaxloops.measure import lm_plots as lm_plots  # ch11: training_curves
 from jaxloops.measure import memory as memory  # a module: measure.memory.formula_sweep
 from jaxloops.measure import memory_plots as memory_plots  # measure.memory_plots.loss_curves
 from jaxloops.measure import published as published  # a module: measure.published.PUBLISHED
