@@ -5,6 +5,7 @@ import numpy as np
 
 from jaxloops.kvcache import attention_kind, kv_cache_bytes
 from jaxloops.measure.compiled import loop_copies
+from jaxloops.measure.throughput import paired_ratio
 
 MiB = 2**20
 
@@ -188,7 +189,7 @@ def floor_figures(decode: list[dict], llc: int | None, length: int, heads: int) 
 
 def paired_median(a: dict, b: dict) -> float:
     """Median over calls of a's time over b's, sample by sample (rows with "samples")."""
-    return float(np.median([x / y for x, y in zip(a["samples"], b["samples"])]))
+    return float(paired_ratio({"a": a["samples"], "b": b["samples"]}, "a", "b"))
 
 
 def layout_figures(layout_rows: list[dict]) -> dict:
