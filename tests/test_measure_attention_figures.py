@@ -1,13 +1,10 @@
 """Chapter 8's figures: each derived from known rows, and each wrong row rejected."""
 
-import matplotlib
-import numpy as np
 import pytest
 
-from jaxloops.measure import attention_figures, attention_plots, kernel_figures
+from jaxloops.measure import attention_figures
 from jaxloops.measure.roofline import Roofline
 
-matplotlib.use("Agg")
 ROOF = Roofline("test", 1e9, (1e9, 0.9e9), 1e8, (1e8,), 8, 4)  # 1 GFLOP/s, 100 MB/s
 NAMES = {"naive": "naive", "xla": "xla", "blockwise": "blockwise"}
 
@@ -109,55 +106,6 @@ def test_parts_figures_pair_calls_and_find_the_worst_move():
     )  # 3/1, 6/2, 3/3 sorted: a ratio of medians would say 1.5
     assert figures["worst_part"] == "softmax" and figures["worst_excess_ms"] == 2500.0
     assert figures["qk_vs_square"] == 2.0 and figures["parts_share"] == 50.0
-
-
-def test_tile_passes_split_matmuls_from_softmax_passes():
-    fusions = [
-        {"dims": (8, 4), "ops": "dot", "ms": 3.0},
-        {"dims": (8, 4), "ops": "exponential", "ms": 1.0},
-        {"dims": (8,), "ops": "reduce", "ms": 0.5},
-        {"dims": (8, 2), "ops": "add", "ms": 9.0},
-    ]
-    score_sized, split = kernel_figures.tile_passes(fusions, 8, 4)
-    assert len(score_sized) == 2 and split == {"dots_ms": 3.0, "softmax_ms": 1.5}
-    assert "took 3 ms per call, 1.50 times the 2 ms" in kernel_figures.trace_note(split, 6.0, 2.0)
-    untimed = [dict(f, ms=None) for f in fusions]
-    assert kernel_figures.tile_passes(untimed, 8, 4)[1] is None
-    assert "does not name" in kernel_figures.trace_note(None, 0.0, 1.0)
-
-
-def test_tile_and_cudnn_figures():
-    parts = [
-        {"part": name, "seconds": s, "flops": 8.0}
-        for name, s in (
-            ("  scores: Q Kᵀ", 1.0),
-            ("  online softmax step (all of it)", 2.0),
-            ("whole (blockwise)", 4.0),
-            ("square matmul, same FLOPs", 2.0),
-        )
-    ]
-    figures = kernel_figures.tile_figures(parts, 8, 4)
-    assert figures["tile_total_ms"] == 3000.0 and figures["block_vs_square"] == 2.0
-    assert figures["square_rate"] == 4.0 and figures["tile_mib"] == 128 / 2**20
-    report = [
-        {"implementation": "cudnn", "works": False, "error": "no GPU"},
-        {"implementation": "xla", "works": True, "error": ""},
-    ]
-    assert kernel_figures.cudnn_figures(report) == {
-        "cudnn_status": "refused every request",
-        "cudnn_error": "no GPU",
-    }
-
-
-def test_chapter_8_plots_draw_every_line():
-    walk = [[np.array([m]), np.array([1.0]), np.array([0.1, 0.2, 0.3])] for m in (1, 2, 2, 3)]
-    fig = attention_plots.online_walk(np.arange(24.0) / 8, walk, [0.1, 0.2, 0.3])
-    assert len(fig.axes) == 3 and len(fig.axes[1].patches) == 4  # one bar per block
-    rows = sweep()
-    fig = attention_plots.scratch_and_flops(rows, (16, 32), NAMES, batch=1, heads=1, head_dim=2)
-    assert "(same as naive)" in fig.axes[0].get_lines()[1].get_label()
-    fig = attention_plots.latency(rows, (16, 32), NAMES, lambda name, t: (1e-3,), title="t")
-    assert len(fig.axes[0].get_lines()) == 3 + 2
 
 
 def test_formula_ratios_divide_the_compiled_scratch_by_the_formula():

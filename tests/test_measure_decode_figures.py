@@ -2,14 +2,12 @@
 
 import jax
 import jax.numpy as jnp
-import matplotlib
 import pytest
 
 import jaxloops
-from jaxloops.measure import attention_plots, decode_figures
+from jaxloops.measure import decode_figures
 from jaxloops.measure.roofline import Roofline
 
-matplotlib.use("Agg")
 ROOF = Roofline("test", 1e9, (1e9,), 1e8, (1e8,), 8, 4)  # 1 GFLOP/s, 100 MB/s
 
 
@@ -147,11 +145,3 @@ def test_serving_figures_for_llama_3_8b():
     assert figures["ex_kib_token"] == 128 and figures["ex_gib_sequence"] == 1
     assert (figures["ex_fit_gqa"], figures["ex_fit_mha"]) == (64, 16)
     assert figures["ex_gib_per_head"] == 2
-
-
-def test_plots_draw_one_panel_per_kind_and_one_line_per_k():
-    assert len(attention_plots.kv_grouping(8, (8, 2, 1)).axes) == 3
-    assert len(attention_plots.cache_layout().axes[0].patches) == 2 * 2 * 6
-    rows = sweep_rows({(k, s): 1e-3 for k in (8, 1) for s in (64, 256)})
-    fig = attention_plots.decode_times(rows, (8, 1), batch=1, heads=8, head_dim=2)
-    assert [len(ax.get_lines()) for ax in fig.axes] == [4, 3]  # 2 x (measured, roofline); 2 + y=1

@@ -2,16 +2,14 @@
 
 import math
 
-import matplotlib
 import numpy as np
 import pytest
 
 import jaxloops
 from jaxloops.loop import History
-from jaxloops.measure import lm_figures, lm_plots
+from jaxloops.measure import lm_figures
 from jaxloops.text import Corpus
 
-matplotlib.use("Agg")
 PROBES = ("trained windows", "unseen train text", "validation")
 
 
@@ -99,18 +97,3 @@ def test_entropy_and_exercise_figures():
     assert figures["ex_initial_ratio"] == pytest.approx(1.0)
     assert figures["ex_perplexity"] == pytest.approx(4.0) and figures["ex_ascii_ratio"] == 4.0
     assert figures["ex_xz_nats"] == 2 * math.log(2)
-
-
-def test_plots_draw_each_curve_and_the_map():
-    fig = lm_plots.training_curves(
-        [3.0, 2.0],
-        [0, 1, 2],
-        {p: [4, 3, 2] for p in PROBES},
-        steps_per_epoch=5,
-        vocab_size=64,
-        title="t",
-    )
-    assert len(fig.axes[0].get_lines()) == 1 + 3 + 1  # train, three probes, ln V
-    assert list(fig.axes[0].get_lines()[1].get_xdata()) == [0, 5, 10]
-    fig = lm_plots.attention_weights(np.tril(np.ones((3, 3))) / 3, "a b", title="t")
-    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["a", "␣", "b"]
