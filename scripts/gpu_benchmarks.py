@@ -126,14 +126,14 @@ def make_plan(rehearse: bool, backend: str | None = None) -> Plan:
 
 def tasks(plan: Plan, stage: str) -> list[str]:
     """The stage's measurements, most valuable first; each name says what it measures."""
-    if stage == "first":
+    if stage == "headline":
         names = ["implementations", *(f"ceiling {c[0]}" for c in CEILINGS), "bandwidth"]
         for length in plan.lengths:
             names.append(f"attention cudnn bfloat16 {length}")
             if length == plan.goal_length:  # the goals compare cuDNN with naive and XLA here
                 names += [f"attention {n} bfloat16 {length}" for n in MATERIALISING]
         return names + [f"mlp {b}" for b in plan.mlp_batch_sizes] + ["lm"]
-    if stage == "rest":
+    if stage == "sweeps":
         names = [
             f"attention {name} {dtype} {length}"
             for length in plan.lengths
@@ -144,7 +144,7 @@ def tasks(plan: Plan, stage: str) -> list[str]:
             f"causal {n} {length}" for length in plan.causal_lengths for n in ("cudnn", "xla")
         ]
         return names + ["plot"]
-    raise ValueError(f"stage is {stage!r}; expected 'first' or 'rest'")
+    raise ValueError(f"stage is {stage!r}; expected 'headline' or 'sweeps'")
 
 
 # --- the results file -------------------------------------------------------------------
@@ -307,7 +307,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("mode", choices=("first", "rest", "worker"))
+    parser.add_argument("mode", choices=("headline", "sweeps", "worker"))
     parser.add_argument("stage", nargs="?", help="worker only: the stage it runs")
     parser.add_argument("--out", required=True, type=pathlib.Path)
     parser.add_argument("--rehearse", action="store_true", help="toy sizes, any backend")

@@ -8,14 +8,16 @@
 # Stages, most valuable first, each under its own limit and never past 540 s in all; the limits
 # come from `scripts/gpu_run_tools.py limits` (measured CPU seconds x a stated GPU factor, the
 # table in the README; LIMIT_<STAGE>=... overrides one):
-#   setup  JAX sees the GPU; the build tools installed from .whl/ (pip --no-index), skipping
-#          every package this Python already has
-#   first  implementation report, matmul ceilings, read bandwidth, cuDNN bf16 sweep with naive
-#          and XLA at the goal length, chapter 6's MLP rows, chapter 11's LM step and its MFU;
-#          each measured in a child process that saves it at once (a crash loses only it)
-#   book   the strict book build (BOOK_CHAPTERS="12 13" builds those chapters alone)
-#   tests  the test suite, one line per test as it ends (a timeout keeps the lines so far)
-#   rest   the rest of the attention sweep, the causal sweep, the plot
+#   setup     JAX sees the GPU; the build tools installed from .whl/ (pip --no-index),
+#             skipping every package this Python already has
+#   headline  implementation report, matmul ceilings, read bandwidth, cuDNN bf16 sweep with
+#             naive and XLA at the goal length, chapter 6's MLP rows, chapter 11's LM step and
+#             its MFU; each measured in a child process that saves it at once (a crash loses
+#             only it)
+#   book      the strict build of GPU_BOOK_CHAPTERS (scripts/gpu_run_tools.py, which says
+#             why those), or of BOOK_CHAPTERS="12 13" where it is set
+#   tests     the test suite, one line per test as it ends (a timeout keeps the lines so far)
+#   sweeps    the rest of the attention sweep, the causal sweep, the plot
 # OUT_DIR then holds at most 5 files (the device hands back 8): results.json (every section,
 # each stage's status, seconds and detail), stages.json (the same stage records: all there is
 # when setup fails), logs.tar.gz (every stage's log, rewritten after each stage), html.tar.gz
@@ -119,16 +121,17 @@ cat "$WORK/logs/setup.log"
 if [ "$setup_rc" != 0 ]; then
   record setup failed "$(elapsed "$t0")" "$(last_lines "$WORK/logs/setup.log" 3)"
   why="setup failed"; [ "$setup_rc" = 3 ] && why="JAX sees no GPU"
-  for name in first book tests rest; do skip "$name" "$why"; done
+  for name in headline book tests sweeps; do skip "$name" "$why"; done
   "$PY" "${TOOLS[@]}" check "$OUT_DIR" "${MODE[@]}"
   rm -rf "$WORK"
   [ "$setup_rc" = 3 ] && exit 2 || exit 1
 fi
 record setup ok "$(elapsed "$t0")" "$(last_lines "$WORK/logs/setup.log" 3)"
 
-stage first "$PY" "${BENCH[@]}" first --out "$OUT_DIR" "${BENCH_MODE[@]}"
+stage headline "$PY" "${BENCH[@]}" headline --out "$OUT_DIR" "${BENCH_MODE[@]}"
 
 toc=()
+BOOK_CHAPTERS=${BOOK_CHAPTERS:-$("$PY" "${TOOLS[@]}" book-chapters)}  # gpu_run_tools.py says why
 if [ -n "${BOOK_CHAPTERS:-}" ]; then  # the index, the chapters named, the pages without a number
   grep -v -E '^  - file: book/[0-9]{2}_' _toc.yml > "$WORK/_toc.yml"
   for n in $BOOK_CHAPTERS; do grep -E "^  - file: book/${n}_" _toc.yml; done > "$WORK/chapters"
@@ -149,7 +152,7 @@ workers=8; [ "$STAND_IN" = 1 ] && workers=auto
 stage tests env JAX_DEFAULT_MATMUL_PRECISION=highest \
   "$PY" -m pytest -p no:cacheprovider -o addopts= -v -n "$workers" -rfE --durations=10
 
-stage rest "$PY" "${BENCH[@]}" rest --out "$OUT_DIR" "${BENCH_MODE[@]}"
+stage sweeps "$PY" "${BENCH[@]}" sweeps --out "$OUT_DIR" "${BENCH_MODE[@]}"
 
 echo "== whole run: $(( $(date +%s) - START )) s of ${LIMIT_TOTAL} s; results in $OUT_DIR"
 bundle

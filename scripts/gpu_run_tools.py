@@ -52,24 +52,33 @@ class Stage:
         return 5 * math.ceil(self.cpu_seconds * STAND_IN_MARGIN / 5)
 
 
-# Most valuable first. The CPU seconds of setup, first and rest are .ci/rehearse_device's on
+# Most valuable first. The CPU seconds of setup, headline and sweeps are .ci/rehearse_device's on
 # this project's 2-core machine while four other sessions loaded it (load average 9 to 16), so
-# they are high; the book's and the tests' are issue 27's (the whole book at CPU sizes; the
-# suite under Python 3.12 with 2 workers), as the rehearsal builds three chapters only.
+# they are high; the book's is stop 30's quiet build (the GPU_BOOK_CHAPTERS cells, the
+# appendix and the pages, plus Sphinx); the tests' is CI's rehearsal at stop 29 (the suite
+# under Python 3.12, 2 workers).
 # A benchmark stage's GPU factor is the GPU plan's points over the toy plan's (each point is
 # mostly compiling, which takes about as long there as here; a test checks the ratio).
+# The chapters the device's book stage builds (with the preface and the pages without a
+# number): those whose figures a GPU changes (the loop's throughput, attention and its kernels,
+# decoding, the transformer's step, memory at GPU sizes). The whole book does not fit the
+# device's 540 s beside the other stages; chapters 2-5 and 7 show the same on any backend,
+# 12-13 run on CPU devices by design, and 15-16 need grain and flax, which the device lacks
+# and the 64 MiB carry has no room for.
+GPU_BOOK_CHAPTERS = ("01", "06", "08", "09", "10", "11", "14")
+
 STAGES = (
     Stage("setup", "JAX sees the GPU; the build tools from .whl/ (pip --no-index)",
           34.4, "rehearsal 1, 96 wheels installed", 1.0, "the same pip install"),
-    Stage("first", "implementation report, ceilings, cuDNN sweep, MLP rows, LM step's MFU",
+    Stage("headline", "implementation report, ceilings, cuDNN sweep, MLP rows, LM step's MFU",
           41.4, "rehearsal 2, toy plan", 1.7, "19 points instead of 11"),
-    Stage("book", "the strict build of the whole book",
-          277, "make book at CPU sizes, issue 27", 0.7,
+    Stage("book", "the strict build of the chapters whose figures a GPU changes",
+          246, "make book, those chapters' cells at CPU sizes, stop 30", 0.7,
           "one kernel at a time, compiling as here; GPU sizes run faster; CUDA start-ups"),
     Stage("tests", "the test suite, 8 workers, one line per test as it ends",
-          150, "pytest -n 2 on Python 3.12, issue 27", 0.5,
+          172.5, "CI's rehearsal, stop 29: -n 2, Python 3.12", 0.5,
           "8 workers on 16 cores instead of 2, and a CUDA start-up each"),
-    Stage("rest", "the rest of the attention sweep, the causal sweep, the plot",
+    Stage("sweeps", "the rest of the attention sweep, the causal sweep, the plot",
           18.0, "rehearsal 2, toy plan", 3.5, "39 points instead of 11"),
 )  # fmt: skip
 
@@ -291,6 +300,7 @@ def main(argv=None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("limits").add_argument("--stand-in", action="store_true")
     commands.add_parser("plan-table")
+    commands.add_parser("book-chapters")
     rec = commands.add_parser("record")
     rec.add_argument("--out", required=True, type=pathlib.Path)
     for name, kind in (("stage", str), ("status", str), ("seconds", float)):
@@ -339,6 +349,7 @@ def _carry(args) -> int:
 COMMANDS = {
     "limits": _limits,
     "plan-table": lambda args: print(plan_table()) or 0,
+    "book-chapters": lambda args: print(" ".join(GPU_BOOK_CHAPTERS)) or 0,
     "record": _record,
     "check": lambda args: check(args.out, args.stand_in),
     "wheels": _wheels,

@@ -10,8 +10,10 @@ from conftest import normal
 from jaxloops import measure
 from jaxloops.blockwise import (
     Tiling,
+    computed_scores,
     default_blocks,
     heads_per_step,
+    splits_diagonal,
     unmasked_key_blocks,
     visible_key_blocks,
 )
@@ -34,6 +36,10 @@ CASES = [
     (11, 7, 1, 16, 4, True, 2048),
     (7, 19, 2, 4, 3, True, 2048),
     (7, 19, 2, 4, 3, True, 1),
+    # T = S, tiles of whole blocks: each masked block folded into the rows that see it
+    # (splits_diagonal), GQA (G = 3) and MHA, several heads a step and one.
+    (24, 24, 2, 4, 3, True, 2048),
+    (16, 16, 6, 4, 2, True, 1),
 ]
 
 
@@ -135,14 +141,15 @@ def test_only_blocks_that_cross_the_diagonal_or_hold_padding_are_masked():
 def test_default_tiles_depend_on_length_and_causality():
     # Full attention: one tiling at every length.
     assert {default_blocks(t, False) for t in (7, 512, 1024, 4096)} == {(512, 4)}
-    # Causal: key blocks of T / 4 (a power of two, 128 to 512), query tiles of 512.
+    # Causal: key blocks of T / 4 (a power of two, 128 to 256), query tiles of 512.
     assert default_blocks(1024, True) == (256, 2)
-    assert default_blocks(2048, True) == (512, 1)
-    assert default_blocks(4096, True) == (512, 1)
+    assert default_blocks(2048, True) == (256, 2)
+    assert default_blocks(4096, True) == (256, 2)
     assert default_blocks(512, True) == (128, 4)
     assert default_blocks(1500, True) == (256, 2)  # 375 rounds down to 256
+    assert default_blocks(700, True) == (128, 4)  # 175 rounds down to 128
     assert default_blocks(7, True) == (128, 4)
-    assert default_blocks(np.int64(2048), True) == (512, 1)
+    assert default_blocks(np.int64(2048), True) == (256, 2)
     # From T = 1024 on, the causal tiling has at least 2 query tiles and 4 key blocks, so it
     # skips blocks above the diagonal; full attention walks all of them.
     for t in (1024, 2048, 4096, 8192, 16384):
@@ -150,6 +157,77 @@ def test_default_tiles_depend_on_length_and_causality():
         assert t // (block * parallel) >= 2 and t // block >= 4, t
     with pytest.raises(ValueError, match="T must be >= 1, got 0"):
         default_blocks(0, True)
+
+
+def walked_and_masked(tiling: Tiling, n_query_tiles: int, n_key_blocks: int):
+    """(tile, block) pairs the causal walk folds, and those it masks, as the walk counts."""
+    walked = sum(int(visible_key_blocks(c, tiling, n_key_blocks)) for c in range(n_query_tiles))
+    whole = sum(int(unmasked_key_blocks(c, tiling, n_key_blocks)) for c in range(n_query_tiles))
+    return walked, walked - whole
+
+
+@pytest.mark.parametrize(
+    "t, s, tq, sb", [(20, 20, 8, 3), (1024, 1024, 512, 256), (2048, 2048, 512, 256), (13, 17, 4, 5)]
+)
+def test_causal_schedule_walks_the_blocks_of_the_triangle_and_masks_its_diagonal(t, s, tq, sb):
+    tiling = Tiling(T=t, S=s, Tq=tq, Sb=sb, is_causal=True)
+    n_tiles, n_blocks = -(-t // tq), -(-s // sb)
+    # Brute force over every (query, key) position of the padded grid: query q sees key k
+    # when k <= q and k is a real key.
+    q_pos, k_pos = np.arange(n_tiles * tq), np.arange(n_blocks * sb)
+    sees = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < s)
+    sees = sees.reshape(n_tiles, tq, n_blocks, sb)
+    some, every = sees.any(axis=(1, 3)), sees.all(axis=(1, 3))  # (tiles, blocks)
+    assert walked_and_masked(tiling, n_tiles, n_blocks) == (some.sum(), (some & ~every).sum())
+    # The blocks walked are a prefix of each tile's row: nothing after a skipped block is seen.
+    assert all(row[: row.sum()].all() for row in some)
+
+
+def test_default_causal_tiling_skips_the_blocks_its_prediction_counts():
+    # Chapter 9's prediction: full attention folds every (tile, block) pair of a Tq x Sb grid,
+    # causal only those of the triangle. With the defaults at T = 2048: 4 tiles of 512 walk
+    # 2, 4, 6 and 8 of the 8 key blocks of 256, 20 of 32; at T = 1024, 2 tiles walk 2 and 4
+    # of 4, 6 of 8.
+    for t, expected in ((1024, (6, 8)), (2048, (20, 32))):
+        block, parallel = default_blocks(t, True)
+        tiling = Tiling(T=t, S=t, Tq=block * parallel, Sb=block, is_causal=True)
+        walked, _ = walked_and_masked(tiling, t // tiling.Tq, t // block)
+        assert (walked, (t // tiling.Tq) * (t // block)) == expected
+
+
+@pytest.mark.parametrize("t, tq, sb", [(1024, 512, 256), (2048, 512, 256), (24, 12, 4), (20, 4, 4)])
+def test_split_diagonal_computes_the_triangle_and_only_the_rows_it_skips_see_nothing(t, tq, sb):
+    tiling = Tiling(T=t, S=t, Tq=tq, Sb=sb, is_causal=True)
+    assert splits_diagonal(tiling)
+    n_tiles, n_blocks, m = t // tq, t // sb, tq // sb
+    sees = np.tril(np.ones((t, t), bool)).reshape(n_tiles, tq, n_blocks, sb)  # k <= q
+    computed = 0
+    for c in range(n_tiles):
+        walked = int(visible_key_blocks(c, tiling, n_blocks))
+        for j in range(walked):
+            skip = max(0, j - (walked - m)) * sb  # masked block j - (walked - m) skips rows
+            assert not sees[c, :skip, j].any(), (c, j)  # the skipped rows see none of it
+            computed += (tq - skip) * sb
+        assert not sees[c, :, walked:].any()  # nor any block after the walk
+    assert computed == computed_scores(tiling, n_tiles, n_blocks)
+    assert computed >= sees.sum()  # every visible score is among them
+
+
+def test_split_diagonal_prediction_at_the_default_tiles():
+    # T = 1024, tiles of 512, blocks of 256: tile 0 computes 512 x 256 + 256 x 256 scores,
+    # tile 1 2 x 512 x 256 unmasked and the same diagonal: 655,360 of 1,048,576 (1.6x fewer);
+    # T = 2048: 2,359,296 of 4,194,304 (1.78x). Not split (T != S): every walked block whole.
+    full = lambda t: t * t
+    for t, expected in ((1024, 655_360), (2048, 2_359_296)):
+        block, parallel = default_blocks(t, True)
+        tiling = Tiling(T=t, S=t, Tq=block * parallel, Sb=block, is_causal=True)
+        assert computed_scores(tiling, t // tiling.Tq, t // block) == expected
+        assert computed_scores(
+            tiling._replace(is_causal=False), t // tiling.Tq, t // block
+        ) == full(t)
+    unaligned = Tiling(T=20, S=21, Tq=8, Sb=4, is_causal=True)
+    assert not splits_diagonal(unaligned)
+    assert computed_scores(unaligned, 3, 6) == (2 + 4 + 6) * 8 * 4
 
 
 def test_default_tiling_is_what_a_call_without_sizes_uses():

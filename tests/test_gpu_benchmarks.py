@@ -18,7 +18,7 @@ import gpu_points  # noqa: E402
 
 def test_the_first_stage_measures_in_the_order_of_their_value():
     plan = bench.make_plan(rehearse=True)
-    first = bench.tasks(plan, "first")
+    first = bench.tasks(plan, "headline")
     assert first[:5] == ["implementations", "ceiling f32", "ceiling tf32", "ceiling bf16",
                          "bandwidth"]  # fmt: skip
     assert first[-2:] == [f"mlp {b}" for b in plan.mlp_batch_sizes][-1:] + ["lm"]
@@ -30,7 +30,7 @@ def test_the_first_stage_measures_in_the_order_of_their_value():
 
 def test_the_two_stages_measure_every_point_once():
     plan = bench.make_plan(rehearse=True)
-    everything = bench.tasks(plan, "first") + bench.tasks(plan, "rest")
+    everything = bench.tasks(plan, "headline") + bench.tasks(plan, "sweeps")
     assert len(everything) == len(set(everything))
     attention = {t for t in everything if t.startswith("attention ")}
     requests = {("cudnn", "bfloat16"), *bench.REST_REQUESTS}
@@ -49,7 +49,7 @@ def test_a_crash_in_one_measurement_loses_only_that_one(tmp_path):
     env = {**os.environ, bench.CRASH_AT: "ceiling f32", "PYTHONPATH": path}
     only = "ceiling f32,ceiling bf16"
     run = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gpu_benchmarks.py"), "first", "--rehearse",
+        [sys.executable, str(ROOT / "scripts" / "gpu_benchmarks.py"), "headline", "--rehearse",
          "--out", str(tmp_path), "--only", only],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -73,6 +73,6 @@ def test_the_benchmark_stages_gpu_factor_is_the_gpu_plans_points_over_the_toy_pl
 
     factors = {stage.name: stage.gpu_factor for stage in gpu_run_tools.STAGES}
     toy, gpu = bench.make_plan(rehearse=True), bench.make_plan(rehearse=False, backend="gpu")
-    for name in ("first", "rest"):
+    for name in ("headline", "sweeps"):
         ratio = len(bench.tasks(gpu, name)) / len(bench.tasks(toy, name))
         assert factors[name] == round(ratio, 1), (name, ratio)

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -134,7 +135,7 @@ def test_without_a_gpu_the_run_stops_after_setup_with_every_stage_recorded(tmp_p
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["logs.tar.gz", "stages.json"]
     stages = json.loads((tmp_path / "out" / "stages.json").read_text())
     assert stages["setup"]["status"] == "failed" and "JAX sees no GPU" in stages["setup"]["detail"]
-    assert {stages[n]["status"] for n in ("first", "book", "tests", "rest")} == {"skipped"}
+    assert {stages[n]["status"] for n in ("headline", "book", "tests", "sweeps")} == {"skipped"}
     assert "Traceback" not in run.stdout + run.stderr
 
 
@@ -142,3 +143,13 @@ def test_without_a_gpu_the_run_stops_after_setup_with_every_stage_recorded(tmp_p
 def test_the_default_output_folder_is_git_ignored():
     ignored = subprocess.run(["git", "check-ignore", "-q", "gpu-run/results.json"], cwd=ROOT)
     assert ignored.returncode == 0
+
+
+def test_the_device_book_is_chapters_of_the_book_that_need_nothing_the_device_lacks():
+    toc = (ROOT / "_toc.yml").read_text()
+    for number in tools.GPU_BOOK_CHAPTERS:
+        (page,) = sorted((ROOT / "book").glob(f"{number}_*.md"))
+        assert f"file: book/{page.stem}" in toc
+        # grain and flax are not on the device, and the carry has no room for them
+        assert not re.search(r"\b(grain|flax|nnx_step|streaming)\b", page.read_text()), page
+    assert len(set(tools.GPU_BOOK_CHAPTERS)) == len(tools.GPU_BOOK_CHAPTERS)

@@ -68,11 +68,11 @@ def test_check_run_lists_every_problem():
     results = sample()
     assert gpu_report.check_run(results) == []
     results["stages"]["book"] = {"status": "timeout", "seconds": 210.0, "detail": "exit 124"}
-    del results["stages"]["rest"]
+    del results["stages"]["sweeps"]
     results["attention"][0]["shortest_sample_seconds"] = 1e-4  # under half of the 1 ms floor
     results["failures"].append({"where": "ceiling bf16", "error": "XlaRuntimeError: boom"})
     assert gpu_report.check_run(results) == [
-        "stage 'rest' has no record",
+        "stage 'sweeps' has no record",
         "stage 'book': timeout: exit 124",
         "attention row naive bfloat16 8192 False: a sample of 0.0001 s",
         "failure in ceiling bf16: XlaRuntimeError: boom",

@@ -169,6 +169,20 @@ def test_the_roofline_crosses_at_the_critical_batch():
     assert comms.crossover(x, compute, comm + 1.0) == float("inf")
 
 
+def test_tensor_parallel_hides_its_all_reduces_above_the_critical_width():
+    c, w = 6e12, 1e9
+    assert comms.critical_width(c, w, 2, forward=1, backward=1) == pytest.approx(c / w)
+    assert comms.critical_width(c, w, 8, forward=1, backward=1) == pytest.approx(7 * c / w)
+    assert comms.critical_width(c, w, 1, forward=1, backward=1) == 0  # one device sends nothing
+    assert comms.critical_width(c, w, 2, forward=1, backward=4) == pytest.approx(2 * c / w)
+    widths = np.geomspace(100, 1e6, 800)
+    for flops, reductions, want in ((4, 1, c / w), (8, 1, c / w / 2), (4, 2, 2 * c / w)):
+        compute, comm = comms.width_times(widths, c, w, 2, flops=flops, reductions=reductions)
+        assert comms.crossover(widths, compute, comm) == pytest.approx(want, rel=1e-3)
+    with pytest.raises(ValueError, match="model >= 1"):
+        comms.critical_width(c, w, 0, forward=1, backward=1)
+
+
 def test_ring_bytes_follow_the_ring_formulas():
     counted = {"all-gather": (1, 800), "all-reduce": (2, 100), "reduce-scatter": (1, 10)}
     assert comms.ring_bytes(counted, 8) == pytest.approx(7 / 8 * 800 + 2 * 7 / 8 * 100 + 7 * 10)

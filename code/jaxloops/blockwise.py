@@ -10,7 +10,9 @@ once for all of them and each product is a plain (R x H) by (H x Sb) matrix prod
 tiles walk together, several heads per step (`heads_per_step`), so that a step's products
 are large enough to be worth splitting over the cores. The backward pass
 (`jax.custom_vjp`) keeps only Q, K, V, the output and one log-sum-exp per query row, and
-recomputes each tile's scores from them. What one tile does lives in `blockwise_tiles`.
+recomputes each tile's scores from them. Causal, with T = S, the forward pass folds each
+key block on the diagonal only into the rows that see some of it. What one tile does lives
+in `blockwise_tiles`.
 """
 
 import functools
@@ -25,27 +27,37 @@ from jaxloops.attention import check_attention_shapes, masked_fill_value
 from jaxloops.blockwise_tiles import (  # re-exported: the tiles' pieces, one import away
     ROWS_PER_STEP,
     Tiling,
+    computed_scores,
     heads_per_step,
     online_softmax_step,
+    rows_from,
+    set_rows_from,
+    splits_diagonal,
     tile_grads,
     tile_scores,
+    to_tiles,
     unmasked_key_blocks,
     visible_key_blocks,
     walk_key_blocks,
+    walk_split_diagonal,
 )
 
 __all__ = (
     "ROWS_PER_STEP",
     "Tiling",
     "blockwise_attention",
+    "computed_scores",
     "default_blocks",
     "heads_per_step",
     "online_softmax_step",
+    "splits_diagonal",
     "tile_grads",
     "tile_scores",
+    "to_tiles",
     "unmasked_key_blocks",
     "visible_key_blocks",
     "walk_key_blocks",
+    "walk_split_diagonal",
 )
 
 
@@ -71,22 +83,33 @@ def _forward(query, key, value, tiling: Tiling):
         chunk, first_head = i // groups, (i % groups) * per_step
         query_tiles = query_tiles * jnp.asarray(1.0 / math.sqrt(H), query_tiles.dtype)
 
-        def fold_key_block(j, carry, masked):
+        def fold_key_block(j, carry, masked, rows=(0, Tq)):
+            """Folds key block j into each head's queries rows[0] .. rows[1] - 1."""
             keys = lax.dynamic_slice_in_dim(key[j], first_head, per_step)  # (per_step, Sb, H)
             values = lax.dynamic_slice_in_dim(value[j], first_head, per_step)  # (per_step, Sb, H)
+            if rows == (0, Tq):
+                scores = tile_scores(query_tiles, keys, chunk * Tq, j * Sb, tiling, masked)
+                return online_softmax_step(carry, scores, values)  # scores: (per_step, R, Sb)
+            part = tiling._replace(Tq=rows[1] - rows[0])  # G heads of part.Tq queries each
             scores = tile_scores(
-                query_tiles, keys, chunk * Tq, j * Sb, tiling, masked
-            )  # (per_step, R, Sb)
-            return online_softmax_step(carry, scores, values)
+                rows_from(query_tiles, rows, Tq), keys, chunk * Tq + rows[0], j * Sb, part, masked
+            )  # (per_step, G * part.Tq, Sb)
+            new = online_softmax_step([rows_from(c, rows, Tq) for c in carry], scores, values)
+            return tuple(set_rows_from(c, rows, Tq, x) for c, x in zip(carry, new))
 
         init = (
             jnp.full((per_step, R), fill, jnp.float32),
             jnp.zeros((per_step, R), jnp.float32),
             jnp.zeros((per_step, R, H), jnp.float32),
         )
-        running_max, running_sum, out = walk_key_blocks(
-            fold_key_block, chunk, tiling, n_key_blocks, init
-        )
+        if splits_diagonal(tiling):
+            running_max, running_sum, out = walk_split_diagonal(
+                fold_key_block, chunk, tiling, n_key_blocks, init
+            )
+        else:
+            running_max, running_sum, out = walk_key_blocks(
+                fold_key_block, chunk, tiling, n_key_blocks, init
+            )
         # The log-sum-exp of each row is all the backward pass needs to rebuild the weights.
         return out / running_sum[..., None], running_max + jnp.log(running_sum)
 
@@ -164,28 +187,21 @@ def _blockwise_core_fwd(query, key, value, tiling: Tiling):
 _blockwise_core.defvjp(_blockwise_core_fwd, _backward)
 
 
-def _pad_to(x, axis: int, multiple: int):
-    """Zero-pads `axis` of x up to a multiple of `multiple`."""
-    pad = -x.shape[axis] % multiple
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, pad)
-    return jnp.pad(x, widths)
-
-
 # Default tiles. Full attention: blocks of 512, four to a query tile (Tq = 2048), so that each
-# step's products are large. Causal: a tile skips only the key blocks after its last query, so
-# the saving grows with the number n of query tiles (at best 2n / (n + 1) of the work); query
-# tiles of 512 and key blocks of T / 4 (128 to 512). Smaller query tiles skip more on paper,
-# but on the 2-core CPU of chapter 9 their steps ran too slowly to gain (see the commit log).
+# step's products are large. Causal: a tile skips the key blocks after its last query, and
+# (T = S) the rows of its diagonal blocks that see none of their keys; query tiles of 512 and
+# key blocks of T / 4 (128 to 256). On the 2-core CPU of chapter 9, tiles of fewer queries
+# ran their steps too slowly to gain, and key blocks of 512 ran slower at T = 2048 (see the
+# commit log).
 FULL_BLOCK, FULL_PARALLEL_BLOCKS = 512, 4
-CAUSAL_QUERY_TILE, CAUSAL_MIN_BLOCK = 512, 128
+CAUSAL_QUERY_TILE, CAUSAL_MIN_BLOCK, CAUSAL_MAX_BLOCK = 512, 128, 256
 
 
 def default_blocks(T: int, is_causal: bool) -> tuple[int, int]:
     """(block_size, parallel_blocks) that `blockwise_attention` uses for T queries by default.
 
     Full attention: (512, 4) at every T. Causal: key blocks of T / 4 rounded down to a power
-    of two and clipped to [128, 512], as many to a query tile as make it 512 queries.
+    of two and clipped to [128, 256], as many to a query tile as make it 512 queries.
     """
     T = operator.index(T)  # a NumPy integer too
     if T < 1:
@@ -193,27 +209,8 @@ def default_blocks(T: int, is_causal: bool) -> tuple[int, int]:
     if not is_causal:
         return FULL_BLOCK, FULL_PARALLEL_BLOCKS
     quarter = 2 ** max(0, (T // 4).bit_length() - 1)  # largest power of two <= T / 4
-    block = min(max(quarter, CAUSAL_MIN_BLOCK), CAUSAL_QUERY_TILE)
+    block = min(max(quarter, CAUSAL_MIN_BLOCK), CAUSAL_MAX_BLOCK)
     return block, CAUSAL_QUERY_TILE // block
-
-
-def _to_tiles(query, key, value, Tq: int, Sb: int, per_step: int):
-    """Pads and cuts query into (steps, per_step, R, H) tiles, key and value into
-    (nS, B * K, Sb, H) blocks (see `_forward`)."""
-    B, _, K, H = key.shape
-    G = query.shape[2] // K
-    query = _pad_to(query, 1, Tq)  # (B, nT * Tq, N, H)
-    query = query.reshape(B, -1, Tq, K, G, H)  # (B, nT, Tq, K, G, H)
-    query = query.transpose(1, 0, 3, 4, 2, 5)  # (nT, B, K, G, Tq, H)
-    query = query.reshape(-1, per_step, G * Tq, H)  # (steps, per_step, R, H)
-    key, value = (
-        _pad_to(x, 1, Sb)  # (B, nS * Sb, K, H)
-        .reshape(B, -1, Sb, K, H)  # (B, nS, Sb, K, H)
-        .transpose(1, 0, 3, 2, 4)  # (nS, B, K, Sb, H)
-        .reshape(-1, B * K, Sb, H)  # (nS, B * K, Sb, H)
-        for x in (key, value)
-    )
-    return query, key, value
 
 
 @functools.partial(
@@ -238,7 +235,8 @@ def blockwise_attention(
       key: (B, S, K, H) with N % K == 0.
       value: (B, S, K, H).
       is_causal: query t attends to keys s <= t (top-left); key blocks entirely after a
-        tile's last query are skipped, not just masked.
+        tile's last query are skipped, not just masked, and (T = S, `splits_diagonal`) the
+        forward pass folds each block on the diagonal only into the rows that see it.
       block_size: queries and keys per block (Tb = Sb); T and S need not be multiples of it.
         None: `default_blocks(T, is_causal)`.
       parallel_blocks: query blocks of one head that walk the key blocks together, as one
@@ -269,7 +267,7 @@ def blockwise_attention(
     tiling = Tiling(T, S, Tq, Sb, is_causal)
     per_step = heads_per_step(B * K, (N // K) * Tq, rows_per_step)
 
-    tiles = _to_tiles(query, key, value, Tq, Sb, per_step)
+    tiles = to_tiles(query, key, value, Tq, Sb, per_step)
     core = _blockwise_core if custom_vjp else lambda *args: _forward(*args)[0]
     out = core(*tiles, tiling)  # (steps, per_step, R, H)
     out = out.reshape(-1, B, K, N // K, Tq, H)  # (nT, B, K, G, Tq, H)

@@ -2,7 +2,8 @@
 
 A tile is R = G * Tq query rows of one (batch element, key/value head); it walks the key
 blocks of Sb keys of its head, folding each into the running (max, sum, output) of an online
-softmax. `jaxloops.blockwise` cuts the arrays into tiles and walks them, forward and backward.
+softmax. `to_tiles` cuts the arrays into tiles; `jaxloops.blockwise` walks them, forward and
+backward.
 """
 
 import math
@@ -134,6 +135,65 @@ def walk_key_blocks(fold, chunk, tiling: Tiling, n_key_blocks: int, init):
     return lax.fori_loop(n_unmasked, n_visible, lambda j, c: fold(j, c, True), carry)
 
 
+def splits_diagonal(tiling: Tiling) -> bool:
+    """Whether each tile's masked key blocks are its own last Tq / Sb ones (T = S, aligned).
+
+    Then masked block m of a tile (m = 0 .. Tq / Sb - 1) is seen only by the tile's queries
+    from m * Sb on, and the forward pass folds it into those rows alone.
+    """
+    Tq, Sb = tiling.Tq, tiling.Sb
+    return tiling.is_causal and tiling.T == tiling.S and tiling.T % Tq == 0 and Tq % Sb == 0
+
+
+def rows_from(x, rows: tuple[int, int], Tq: int):
+    """Each head's queries rows[0] to rows[1] - 1 of a tile.
+
+    x: (P, G * Tq, ...), returns (P, G * (rows[1] - rows[0]), ...).
+    """
+    P, R = x.shape[:2]
+    heads = x.reshape(P, R // Tq, Tq, *x.shape[2:])  # (P, G, Tq, ...)
+    return heads[:, :, rows[0] : rows[1]].reshape(P, -1, *x.shape[2:])
+
+
+def set_rows_from(x, rows: tuple[int, int], Tq: int, part):
+    """x with `rows_from(x, rows, Tq)` replaced by part."""
+    P, R = x.shape[:2]
+    heads = x.reshape(P, R // Tq, Tq, *x.shape[2:])  # (P, G, Tq, ...)
+    part = part.reshape(P, R // Tq, rows[1] - rows[0], *x.shape[2:])  # (P, G, rows, ...)
+    return heads.at[:, :, rows[0] : rows[1]].set(part).reshape(x.shape)
+
+
+def walk_split_diagonal(fold, chunk, tiling: Tiling, n_key_blocks: int, init):
+    """`walk_key_blocks`, each masked block folded only into the tile's rows that see it.
+
+    Masked block m (of the tile's last Tq / Sb, `splits_diagonal`) holds the keys at the
+    tile's own positions m * Sb to m * Sb + Sb - 1: the queries before them see none of it.
+    fold(j, carry, masked, rows) folds key block j into each head's queries rows[0] to
+    rows[1] - 1 of the tile.
+    """
+    Tq, Sb = tiling.Tq, tiling.Sb
+    n_unmasked = unmasked_key_blocks(chunk, tiling, n_key_blocks)
+    carry = lax.fori_loop(0, n_unmasked, lambda j, c: fold(j, c, False, (0, Tq)), init)
+    for m in range(Tq // Sb):
+        carry = fold(n_unmasked + m, carry, True, (m * Sb, Tq))
+    return carry
+
+
+def computed_scores(tiling: Tiling, n_query_tiles: int, n_key_blocks: int) -> int:
+    """Scores per head that the forward pass computes, all query tiles together.
+
+    Tq * Sb for each key block a tile walks, less the rows that `walk_split_diagonal` skips.
+    """
+    total = 0
+    for chunk in range(n_query_tiles):
+        walked = int(visible_key_blocks(chunk, tiling, n_key_blocks))
+        total += walked * tiling.Tq * tiling.Sb
+        if splits_diagonal(tiling):
+            m = tiling.Tq // tiling.Sb  # masked blocks, each skipping m * Sb rows
+            total -= sum(range(m)) * tiling.Sb * tiling.Sb
+    return total
+
+
 def tile_grads(
     query_tile, key_block, value_block, d_out, lse, delta, q_start, k_start, tiling, masked=True
 ):
@@ -159,3 +219,30 @@ def tile_grads(
     d_query = jnp.einsum("...RS,...SH->...RH", d_scores, key_block) * (1.0 / math.sqrt(H))
     d_key = jnp.einsum("...RS,...RH->...SH", d_scores, query_tile)  # (..., Sb, H)
     return d_query, d_key, d_value
+
+
+def _pad_to(x, axis: int, multiple: int):
+    """Zero-pads `axis` of x up to a multiple of `multiple`."""
+    pad = -x.shape[axis] % multiple
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, pad)
+    return jnp.pad(x, widths)
+
+
+def to_tiles(query, key, value, Tq: int, Sb: int, per_step: int):
+    """Pads and cuts query into (steps, per_step, R, H) tiles, key and value into
+    (nS, B * K, Sb, H) blocks (see `blockwise._forward`)."""
+    B, _, K, H = key.shape
+    G = query.shape[2] // K
+    query = _pad_to(query, 1, Tq)  # (B, nT * Tq, N, H)
+    query = query.reshape(B, -1, Tq, K, G, H)  # (B, nT, Tq, K, G, H)
+    query = query.transpose(1, 0, 3, 4, 2, 5)  # (nT, B, K, G, Tq, H)
+    query = query.reshape(-1, per_step, G * Tq, H)  # (steps, per_step, R, H)
+    key, value = (
+        _pad_to(x, 1, Sb)  # (B, nS * Sb, K, H)
+        .reshape(B, -1, Sb, K, H)  # (B, nS, Sb, K, H)
+        .transpose(1, 0, 3, 2, 4)  # (nS, B, K, Sb, H)
+        .reshape(-1, B * K, Sb, H)  # (nS, B * K, Sb, H)
+        for x in (key, value)
+    )
+    return query, key, value

@@ -57,6 +57,7 @@ class Visit:
     math: dict
     failed_fonts: list[str]
     scrolling_code: list[str]  # code blocks whose lines are wider than the code column
+    unrendered_roles: list[str]  # MyST roles shown as text (`{glue:text}` written in backticks)
 
 
 @dataclasses.dataclass
@@ -151,6 +152,25 @@ SCROLLING_CODE = """() => Array.from(document.querySelectorAll('div.highlight pr
     .map(p => (p.textContent.split('\\n')[0] || '').slice(0, 80))"""
 
 
+# A MyST role the build did not render, in prose (listings may show one on purpose): an
+# inline code span that is a bare role name, `{glue:text}`, or a role's text in plain prose.
+UNRENDERED_ROLES = """() => {
+    const role = /^\\{[a-z][a-z:-]*\\}$/;
+    const spans = Array.from(document.querySelectorAll('article code'))
+        .filter(c => !c.closest('pre') && role.test(c.textContent.trim()))
+        .map(c => c.parentElement.textContent.trim().slice(0, 80));
+    const walker = document.createTreeWalker(
+        document.querySelector('article') || document.body, NodeFilter.SHOW_TEXT);
+    const prose = [];
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+        if (!n.parentElement.closest('pre, code, script, style')
+            && /\\{(glue|cite|doc|ref|numref)(:[a-z]+)?\\}/.test(n.textContent))
+            prose.push(n.textContent.trim().slice(0, 80));
+    }
+    return spans.concat(prose);
+}"""
+
+
 def visit_page(context, url: str, screenshot: Path | None = None) -> Visit:
     """Loads `url`, waits for MathJax and the network to settle, and records what happened."""
     page = context.new_page()
@@ -189,6 +209,7 @@ def visit_page(context, url: str, screenshot: Path | None = None) -> Visit:
             "() => Array.from(document.fonts).filter(f => f.status === 'error').map(f => f.family)"
         )
         scrolling_code = page.evaluate(SCROLLING_CODE)
+        unrendered_roles = page.evaluate(UNRENDERED_ROLES)
         if screenshot is not None:
             page.screenshot(path=str(screenshot), full_page=True)
     finally:
@@ -210,6 +231,7 @@ def visit_page(context, url: str, screenshot: Path | None = None) -> Visit:
         math,
         failed_fonts,
         scrolling_code,
+        unrendered_roles,
     )
 
 

@@ -41,6 +41,11 @@ def test_code_fits_the_code_column(visits, page_path):
     assert visits(page_path).scrolling_code == []
 
 
+def test_no_myst_role_is_left_as_text(visits, page_path):
+    """A role written inside backticks (`{glue:text}`name``) shows as code, not its value."""
+    assert visits(page_path).unrendered_roles == []
+
+
 def test_chapters_have_math_and_figures(visits):
     """The checks above are not vacuous: the chapters do show typeset math and figures."""
     assert visits("book/05_train_step.html").math["typeset"] > 0

@@ -1,8 +1,14 @@
 """Measuring: honest timing, throughput, attention sweeps, the roofline, and machine facts."""
 
+from jaxloops.measure import attention_figures as attention_figures  # ch08: parts_figures
+from jaxloops.measure import attention_plots as attention_plots  # ch10: kv_grouping
 from jaxloops.measure import comms as comms  # a module: measure.comms.per_step
 from jaxloops.measure import compiled as compiled  # a module: measure.compiled.fusions_of
+from jaxloops.measure import decode_figures as decode_figures  # ch10: layout_figures
 from jaxloops.measure import gpu_report as gpu_report  # a module: measure.gpu_report.sidebar
+from jaxloops.measure import kernel_figures as kernel_figures  # ch08: tile_passes
+from jaxloops.measure import lm_figures as lm_figures  # ch11: training_figures
+from jaxloops.measure import lm_plots as lm_plots  # ch11: training_curves
 from jaxloops.measure import memory as memory  # a module: measure.memory.formula_sweep
 from jaxloops.measure import memory_plots as memory_plots  # measure.memory_plots.loss_curves
 from jaxloops.measure import published as published  # a module: measure.published.PUBLISHED

@@ -130,13 +130,18 @@ def phase_times(per_device_batch, flops_per_s, bytes_per_s, *, flops: int, passe
     return compute, np.full_like(batch, 2 * passes / bytes_per_s)
 
 
-def plot_phases(ax, per_device_batch, phases: dict, critical: float, title: str) -> None:
+def plot_phases(
+    ax, per_device_batch, phases: dict, critical: float, title: str, critical_name="B/n"
+) -> None:
     """One strategy's roofline: each phase's compute and communication time against the
-    examples per device, and the critical batch as a vertical line."""
+    examples per device (or the x that `critical_name` names), and the critical value as a
+    vertical line."""
     for (phase, (compute, comms)), color in zip(phases.items(), ("C0", "C1"), strict=False):
         ax.loglog(per_device_batch, compute, color=color, label=f"{phase}: compute")
         ax.loglog(per_device_batch, comms, color=color, ls="--", label=f"{phase}: communication")
-    ax.axvline(critical, color="k", lw=0.8, ls=":", label=f"critical B/n = {critical:,.0f}")
+    ax.axvline(
+        critical, color="k", lw=0.8, ls=":", label=f"critical {critical_name} = {critical:,.0f}"
+    )
     ax.set(title=title, xlabel="examples per device, B / n", ylabel="seconds per parameter")
     ax.legend(fontsize=7)
 
@@ -152,3 +157,33 @@ def crossover(per_device_batch, compute, comms) -> float:
     if i == 0:
         return float(x[0])
     return float(x[i - 1] - gap[i - 1] * (x[i] - x[i - 1]) / (gap[i] - gap[i - 1]))
+
+
+def critical_width(
+    flops_per_s: float, bytes_per_s: float, model: int, forward: float, backward: float
+) -> float:
+    """Hidden width F above which a Megatron MLP layer's compute hides its activation
+    all-reduces over a `model` axis of m devices, in bf16, per token.
+
+    Per token and device, the layer's two products compute 4 D F / m FLOPs forward and
+    8 D F / m backward; each all-reduce of the (D,) activation sends 2 (m - 1) / m * 2 D
+    bytes around a ring. `forward` and `backward` all-reduces per layer (read from the
+    compiled program) hide when F >= reductions * (m - 1) * C / W, halved for the backward.
+    The batch cancels: activations grow with it as compute does.
+    """
+    if model < 1 or min(forward, backward) < 0 or flops_per_s <= 0 or bytes_per_s <= 0:
+        raise ValueError(
+            f"need model >= 1, all-reduces >= 0 and positive rates, got {model}, {forward}, "
+            f"{backward}, {flops_per_s}, {bytes_per_s}"
+        )
+    return (model - 1) * flops_per_s / bytes_per_s * max(forward, backward / 2)
+
+
+def width_times(widths, flops_per_s, bytes_per_s, model: int, *, flops: int, reductions: float):
+    """One phase of a tensor-parallel layer, per token and per unit of D: compute seconds at
+    each hidden width F (`flops` per weight: 4 forward, 8 backward, split m ways) and the
+    seconds of its `reductions` activation all-reduces, which do not depend on F."""
+    width = np.asarray(widths, dtype=np.float64)
+    compute = flops * width / model / flops_per_s
+    comms = reductions * 2 * (model - 1) / model * 2 / bytes_per_s
+    return compute, np.full_like(width, comms)

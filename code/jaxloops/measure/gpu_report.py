@@ -27,10 +27,10 @@ RESULT_SECTIONS = {
 # The stages of scripts/gpu_run.sh, most valuable first, with what each does.
 STAGES = {
     "setup": "the Python with JAX that sees the GPU, and the book's build tools",
-    "first": "implementation report, matmul ceilings, cuDNN bf16 sweep and the goal points",
-    "book": "the strict book build on the GPU",
+    "headline": "implementation report, ceilings, cuDNN sweep, MLP rows, LM step's MFU",
+    "book": "the strict build of the chapters whose figures a GPU changes",
     "tests": "the test suite on the GPU",
-    "rest": "the rest of the attention sweep, causal sweep, MLP throughput, plot",
+    "sweeps": "the rest of the attention sweep, the causal sweep, the plot",
 }
 STATUSES = ("ok", "failed", "timeout", "skipped", "pending")
 

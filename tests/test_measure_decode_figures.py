@@ -1,0 +1,147 @@
+"""Chapter 10's figures: each derived from known rows, and each wrong row rejected."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxloops
+from jaxloops.measure import decode_figures
+from jaxloops.measure.roofline import Roofline
+
+ROOF = Roofline("test", 1e9, (1e9,), 1e8, (1e8,), 8, 4)  # 1 GFLOP/s, 100 MB/s
+
+
+def sweep_rows(seconds: dict, lengths=(64, 256)):
+    """Decode-sweep rows for N = 8, H = 2, B = 1, float32, with the given step seconds."""
+    rows = []
+    for (kv_heads, length), time in seconds.items():
+        flops, cache_bytes = 4 * 8 * length * 2, 2 * kv_heads * length * 2 * 4
+        rows.append(
+            {
+                "K": kv_heads,
+                "S": length,
+                "seconds": time,
+                "flops": flops,
+                "cache_bytes": cache_bytes,
+                "bytes_per_second": cache_bytes / time,
+                "predicted": ROOF.predict(flops, cache_bytes),
+            }
+        )
+    return rows
+
+
+def test_loop_memory_rows_finds_the_copy_that_unit_axes_cause():
+    @jax.jit
+    def copied(queries, keys, values, cache_key, cache_value, start):
+        return queries, cache_key + 0, cache_value  # no donation: nothing aliased
+
+    rows = decode_figures.loop_memory_rows(
+        {"drop_unit_axes": jaxloops.decode_tokens, "copied": copied},
+        heads=6,
+        head_dim=5,
+        length=7,
+        steps=3,
+        batches=(1,),
+        kv_choices=(3, 1),
+        dtype=jnp.float32,
+    )
+    assert [(r["B"], r["K"], r["kind"]) for r in rows] == [(1, 3, "GQA"), (1, 1, "MQA")]
+    for row in rows:
+        assert row["cache MiB (K and V)"] == 2 * row["K"] * 7 * 5 * 4 / 2**20
+        assert row["copies, drop_unit_axes"] == 0 and row["copies, copied"] == 0  # no loop
+        assert row["aliased MiB"] == 0  # the last loop, `copied`, donates nothing
+
+
+def test_in_place_figures_and_the_mqa_note():
+    rows = [
+        {
+            "B": b,
+            "kind": kind,
+            "cache MiB (K and V)": 8.0 * b,
+            "scratch MiB, as given": s,
+            "scratch MiB, drop_unit_axes": d,
+        }
+        for b, kind, s, d in ((4, "MHA", 1.0, 1.0), (1, "MHA", 9.0, 0.5), (4, "MQA", 20.0, 20.0))
+    ]
+    figures = decode_figures.in_place_figures(rows, 4)
+    assert figures == {
+        "b_large": 4,
+        "mha_scratch": 1.0,
+        "mha_cache_mib": 32.0,
+        "b1_mha_scratch": 9.0,
+        "b1_mha_cache_mib": 8.0,
+        "b1_mha_loop_scratch": 0.5,
+    }
+    assert decode_figures.mqa_note(rows[0], 4) == "MQA with B = 4 is in place too."
+    assert "keeps 20 MiB of scratch beside its 32 MiB cache" in decode_figures.mqa_note(rows[2], 4)
+
+
+def test_prediction_of_a_step_is_memory_bound_below_the_ridge():
+    rows = decode_figures.predicted_steps(
+        ROOF, batch=1, heads=8, head_dim=2, length=64, kv_choices=(8, 2, 1), itemsize=4
+    )
+    assert [r["FLOPs per byte"] for r in rows] == [0.5, 2.0, 4.0]  # N / 2K for float32
+    assert [r["bound"] for r in rows] == ["memory", "memory", "memory"]  # ridge is 10
+    figures = decode_figures.prediction_figures(rows, ROOF, 64)
+    assert figures["intensity_gqa"] == 2.0 and figures["ridge"] == 10.0
+    assert figures["pred_mha"] == pytest.approx(2 * 8 * 64 * 2 * 4 / 1e8 * 1e3)
+    assert decode_figures.decode_table(sweep_rows({(8, 64): 1e-3}), 8)[0]["kind"] == "MHA"
+
+
+def test_decode_figures_divide_the_right_rows():
+    rows = sweep_rows({(8, 256): 4e-3, (2, 256): 2e-3, (1, 256): 1e-3, (8, 64): 1.0})
+    figures = decode_figures.decode_figures(rows, ROOF, (8, 2, 1), 256)
+    assert figures["mha_over_gqa"] == 2.0 and figures["mha_over_mqa"] == 4.0
+    assert figures["bytes_ratio"] == 8.0 and figures["bytes_ratio_gqa"] == 4.0
+    assert figures["mha_ms"] == 4.0  # S = 256, not the slow row at S = 64
+    with pytest.raises(ValueError, match="S = 128"):
+        decode_figures.decode_figures(rows, ROOF, (8, 2, 1), 128)
+
+
+def test_floor_figures_leave_out_caches_that_fit_in_the_last_level_cache():
+    rows = sweep_rows({(8, 64): 1e-9, (8, 256): 1.0})  # 8 KiB: impossibly fast; 32 KiB: slow
+    figures = decode_figures.floor_figures(rows, 8192, 256, 8)
+    assert figures["floor_rows"] == 1 and figures["floor_worst_S"] == 256
+    assert figures["floor_worst"] < 1 and "S = 64" in figures["cache_note"]
+    unfiltered = decode_figures.floor_figures(rows, None, 64, 8)  # the fast row is judged
+    assert unfiltered["floor_worst"] > 1 and unfiltered["cache_note"] == ""
+    with pytest.raises(ValueError, match="S = 128"):
+        decode_figures.floor_figures(rows, 2**30, 128, 8)
+
+
+def test_layout_figures_pair_samples_call_by_call():
+    times = {
+        ("decode_attention", "(B, K, S, H)"): (1.0, 2.0, 4.0),
+        ("decode_attention", "(B, S, K, H)"): (2.0, 4.0, 8.0),
+        ("attention", "(B, K, S, H)"): (3.0, 2.0, 4.0),
+        ("attention", "(B, S, K, H)"): (4.0, 8.0, 16.0),
+    }
+    rows = [
+        {
+            "function": f,
+            "layout": lay,
+            "samples": s,
+            "seconds": sorted(s)[1],
+            "transposes": int(lay == "(B, S, K, H)"),
+        }
+        for (f, lay), s in times.items()
+    ]
+    figures = decode_figures.layout_figures(rows)
+    assert figures["layout_alone"] == 2.0 and figures["general_ratio"] == 4.0
+    assert figures["function_alone"] == 1.0  # median of 3, 1, 1: a ratio of medians says 1
+    assert (figures["base_transposes"], figures["swapped_transposes"]) == (0, 1)
+
+
+def test_serving_figures_for_llama_3_8b():
+    figures = decode_figures.serving_figures(
+        layers=32,
+        head_dim=128,
+        kv_heads=8,
+        mha_heads=32,
+        context=8192,
+        free_bytes=64 * 2**30,
+        batch=16,
+    )
+    assert figures["ex_kib_token"] == 128 and figures["ex_gib_sequence"] == 1
+    assert (figures["ex_fit_gqa"], figures["ex_fit_mha"]) == (64, 16)
+    assert figures["ex_gib_per_head"] == 2
