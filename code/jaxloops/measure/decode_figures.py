@@ -11,7 +11,15 @@ MiB = 2**20
 
 
 def loop_memory_rows(
-    loops: dict, *, heads: int, head_dim: int, length: int, steps: int, batches, kv_choices, dtype
+    loops: dict,
+    *,
+    heads: int,
+    head_dim: int,
+    length: int,
+    steps: int,
+    batches,
+    kv_choices,
+    dtype,
 ) -> list[dict]:
     """Compile each decode loop for each (B, K) and read its aliased bytes, its scratch, and
     the cache-sized copies inside its loop bodies (`loop_copies`).
@@ -21,22 +29,22 @@ def loop_memory_rows(
     """
 
     rows = []
-    for batch in batches:
-        for kv_heads in kv_choices:
-            queries = jax.ShapeDtypeStruct((batch, steps, heads, head_dim), dtype)  # (B, T, N, H)
-            new = jax.ShapeDtypeStruct((batch, steps, kv_heads, head_dim), dtype)  # (B, T, K, H)
-            cache = jax.ShapeDtypeStruct((batch, kv_heads, length, head_dim), dtype)  # (B, K, S, H)
-            elements = batch * kv_heads * length * head_dim
+    for B in batches:
+        for K in kv_choices:
+            queries = jax.ShapeDtypeStruct((B, steps, heads, head_dim), dtype)  # (B, T, N, H)
+            new = jax.ShapeDtypeStruct((B, steps, K, head_dim), dtype)  # (B, T, K, H)
+            cache = jax.ShapeDtypeStruct((B, K, length, head_dim), dtype)  # (B, K, S, H)
+            elements = B * K * length * head_dim
             row = {
-                "kind": attention_kind(heads, kv_heads),
-                "B": batch,
-                "K": kv_heads,
+                "kind": attention_kind(heads, K),
+                "B": B,
+                "K": K,
                 "cache MiB (K and V)": 2 * elements * np.dtype(dtype).itemsize / MiB,
             }
             for name, loop in loops.items():
                 compiled = loop.lower(queries, new, new, cache, cache, 0).compile()
                 memory = compiled.memory_analysis()
-                row["aliased MiB"] = memory.alias_size_in_bytes / MiB  # the same for each loop
+                row["aliased MiB"] = memory.alias_size_in_bytes / MiB  # same for each loop
                 row[f"scratch MiB, {name}"] = memory.temp_size_in_bytes / MiB
                 row[f"copies, {name}"] = loop_copies(compiled, elements)
             rows.append(row)
