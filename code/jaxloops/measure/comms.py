@@ -182,8 +182,10 @@ def critical_width(
 def width_times(widths, flops_per_s, bytes_per_s, model: int, *, flops: int, reductions: float):
     """One phase of a tensor-parallel layer, per token and per unit of D: compute seconds at
     each hidden width F (`flops` per weight: 4 forward, 8 backward, split m ways) and the
-    seconds of its `reductions` activation all-reduces, which do not depend on F."""
-    width = np.asarray(widths, dtype=np.float64)
-    compute = flops * width / model / flops_per_s
-    comms = reductions * 2 * (model - 1) / model * 2 / bytes_per_s
-    return compute, np.full_like(width, comms)
+    seconds of its `reductions` activation all-reduces, which do not depend on F.
+
+    `phase_times` with F / m for the batch: a ring all-reduce of D bf16 numbers sends
+    2 (m - 1) / m passes of them."""
+    width = np.asarray(widths, dtype=np.float64) / model
+    passes = reductions * 2 * (model - 1) / model
+    return phase_times(width, flops_per_s, bytes_per_s, flops=flops, passes=passes)
