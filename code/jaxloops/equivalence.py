@@ -9,6 +9,8 @@ tolerance of the parameters through the slope of its update. A resumed run repla
 program on the same bits, so its tolerance is zero: it must be identical.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,6 +41,7 @@ def sum_bound(abs_sum, count: int):
     return 2 * gamma * abs_sum
 
 
+@functools.partial(jax.jit, static_argnums=0)  # one program, not one per operation
 def gradient_bound(loss_fn, params, batch: Batch):
     """Per parameter: how far two float32 evaluations of the mean gradient over `batch` can
     differ when they sum its B examples in different orders.
