@@ -145,3 +145,15 @@ def test_serving_figures_for_llama_3_8b():
     assert figures["ex_kib_token"] == 128 and figures["ex_gib_sequence"] == 1
     assert (figures["ex_fit_gqa"], figures["ex_fit_mha"]) == (64, 16)
     assert figures["ex_gib_per_head"] == 2
+
+
+def test_a_last_level_cache_larger_than_every_cache_judges_the_longest_steps():
+    """A processor whose last-level cache holds every cache (and the floor's read): the steps
+    at the longest S are judged, as where no cache size is known, and left out of the note."""
+    rows = sweep_rows({(8, 64): 1e-9, (8, 256): 1.0})
+    figures = decode_figures.floor_figures(rows, 2**30, 256, 8)
+    assert figures["floor_rows"] == 1 and figures["floor_worst_S"] == 256
+    assert "no cache here is larger" in figures["floor_where"]
+    assert "S = 64" in figures["cache_note"] and "S = 256" not in figures["cache_note"]
+    fast = decode_figures.floor_figures(rows, 2**30, 64, 8)  # the impossibly fast step is judged
+    assert fast["floor_worst"] > 1

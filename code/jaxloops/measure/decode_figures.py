@@ -156,9 +156,13 @@ def decode_figures(decode: list[dict], roofline, kv_choices, length: int) -> dic
 
 def floor_rows(decode: list[dict], llc: int | None, length: int):
     """The steps whose cache comes from memory (over twice the last-level cache `llc`, or at
-    S = `length` where `llc` is None) and those that fit in the cache."""
-    past = [r for r in decode if (r["cache_bytes"] > 2 * llc if llc else r["S"] == length)]
+    S = `length` where `llc` is None or no cache is that large) and those that fit in the
+    cache (the steps at S = `length` left out when they stand in for the first)."""
+    past = [r for r in decode if llc and r["cache_bytes"] > 2 * llc]
     within = [r for r in decode if llc and r["cache_bytes"] <= llc]
+    if not past:  # no last-level cache known, or one larger than every cache here
+        past = [r for r in decode if r["S"] == length]
+        within = [r for r in within if r["S"] != length]
     return past, within
 
 
@@ -182,9 +186,13 @@ def floor_figures(decode: list[dict], llc: int | None, length: int, heads: int) 
             f"at S = {fastest['S']} ({fastest['cache_bytes'] / MiB:.0f} MiB), ran at "
             f"{share(fastest):.2f} of its floor's speed."
         )
-    where = (
-        f"more than twice the {llc / MiB:.0f} MiB last-level cache" if llc else f"at S = {length}"
-    )
+    if llc and any(r["cache_bytes"] > 2 * llc for r in past):
+        where = f"more than twice the {llc / MiB:.0f} MiB last-level cache"
+    elif llc:
+        where = (f"at S = {length} (no cache here is larger than the processor's "
+                 f"{llc / MiB:.0f} MiB last-level cache, nor is the floor's read)")  # fmt: skip
+    else:
+        where = f"at S = {length}"
     return {
         "floor_worst": float(share(worst)),
         "floor_worst_K": worst["K"],
