@@ -155,21 +155,22 @@ def decode_figures(decode: list[dict], roofline, kv_choices, length: int) -> dic
 
 
 def floor_rows(decode: list[dict], llc: int | None, length: int):
-    """The steps whose cache comes from memory (over twice the last-level cache `llc`, or at
-    S = `length` where `llc` is None or no cache is that large) and those that fit in the
-    cache (the steps at S = `length` left out when they stand in for the first)."""
+    """(past, within, by_size): the steps whose cache comes from memory, those that fit in
+    the last-level cache `llc`, and whether `past` was chosen by size. By size, `past` is
+    the caches over twice `llc`; where `llc` is None or no cache is that large, it is the
+    steps at S = `length` (left out of `within`)."""
     past = [r for r in decode if llc and r["cache_bytes"] > 2 * llc]
     within = [r for r in decode if llc and r["cache_bytes"] <= llc]
-    if not past:  # no last-level cache known, or one larger than every cache here
-        past = [r for r in decode if r["S"] == length]
-        within = [r for r in within if r["S"] != length]
-    return past, within
+    if past:
+        return past, within, True
+    past = [r for r in decode if r["S"] == length]
+    return past, [r for r in within if r["S"] != length], False
 
 
 def floor_figures(decode: list[dict], llc: int | None, length: int, heads: int) -> dict:
     """The fastest step against its floor where the cache comes from memory, and a note on
     the fastest of those that fit in the last-level cache."""
-    past, within = floor_rows(decode, llc, length)
+    past, within, by_size = floor_rows(decode, llc, length)
     if not past:
         raise ValueError(
             f"no step's cache is past the last-level cache ({llc} bytes) or at S = {length}"
@@ -186,7 +187,7 @@ def floor_figures(decode: list[dict], llc: int | None, length: int, heads: int) 
             f"at S = {fastest['S']} ({fastest['cache_bytes'] / MiB:.0f} MiB), ran at "
             f"{share(fastest):.2f} of its floor's speed."
         )
-    if llc and any(r["cache_bytes"] > 2 * llc for r in past):
+    if by_size:
         where = f"more than twice the {llc / MiB:.0f} MiB last-level cache"
     elif llc:
         where = (f"at S = {length} (no cache here is larger than the processor's "
