@@ -5,15 +5,20 @@ ceiling, at chapter 11's size and at a larger one (`make bench`). A benchmark, n
 
 --control also times the step with `textbook_attention` (chapter 11's control) and, with
 --breakdown, gives each group's traced time in it: the before/after table of issue 26.
+Each size also runs in two fresh processes, with glibc's 4 KiB pages and with huge pages
+(`step_speed.rates_in_fresh_process`), where the machine can contrast them.
 """
 
 import argparse
+import os
+import tempfile
 
 import jax
 
 from jaxloops import experiment_sizes, step_speed
 from jaxloops.attention import textbook_attention
 from jaxloops.measure import describe_backend
+from jaxloops.measure.roofline import ROOFLINE_ENV
 
 LARGER = (4, 256, 8, 2, 1024, 256, 16)  # L, D, N, K, F, T, B: issue 26's size
 
@@ -30,6 +35,8 @@ def main() -> None:
     parser.add_argument("--breakdown", action="store_true", help="also the per-group table")
     parser.add_argument("--control", action="store_true", help="also the textbook attention")
     args = parser.parse_args()
+    # One roofline for this process and its workers, as in a build of the book.
+    os.environ.setdefault(ROOFLINE_ENV, os.path.join(tempfile.mkdtemp(), "roofline.json"))
     print(f"{describe_backend()}, JAX {jax.__version__}, float32")
     header = f"{'size (L, D, N, K, F, T, B)':32s} {'tokens/s':>9s} {'GFLOP/s':>8s}"
     print(header + f" {'ceiling':>8s} {'of ceiling':>10s} {'grad/fwd':>8s}")
@@ -39,6 +46,15 @@ def main() -> None:
         print(f"{str(sizes):32s} {row['tokens_per_s']:9,.0f} {row['flops_per_s'] / 1e9:8.1f} "
               f"{row['ceiling'] / 1e9:8.1f} {row['of_ceiling']:10.1%} "
               f"{row['gradient_over_forward']:8.2f}")  # fmt: skip
+        if step_speed.huge_pages_contrast() is None and jax.default_backend() == "cpu":
+            for huge in (False, True):
+                r = step_speed.rates_in_fresh_process(sizes, args.rounds, huge)
+                print(f"    fresh process, hugetlb={int(huge)}: {r['tokens_per_s']:9,.0f} tokens/s "
+                      f"{r['flops_per_s'] / 1e9:6.1f} GFLOP/s {r['of_ceiling']:6.1%} of "
+                      f"{r['ceiling'] / 1e9:.1f}, grad/fwd {r['gradient_over_forward']:.2f}, "
+                      f"{r['faults']:,.0f} page faults per step")  # fmt: skip
+        else:
+            print(f"    no page-size contrast: {step_speed.huge_pages_contrast() or 'not a CPU'}")
         control = None
         if args.control:
             control = step_speed.step_programs(sizes, jax.random.key(0), attend=textbook_attention)

@@ -1,3 +1,5 @@
+import os
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -94,3 +96,41 @@ def test_against_control_states_the_speedup_and_the_predicted_saving():
     assert told["speedup"] == 1.5 and told["saved"] == 2.0 and told["control_step"] == 6.0
     assert told["saved_predicted"] == pytest.approx(1.0)  # 1.7 - 0.7: control minus ours
     assert (told["attention_traced"], told["control_attention_traced"]) == (2.0, 5.0)
+
+
+def test_page_faults_count_the_fresh_pages_a_program_writes(programs):
+    # A 64 MiB output is a block above glibc's mmap threshold: fresh 4 KiB pages every call,
+    # one fault each (where a process gets huge pages only when it asks, and has not).
+    with pytest.raises(ValueError, match="calls must be >= 1, got 0"):
+        step_speed.page_faults(programs, calls=0)
+    if step_speed.huge_pages_contrast() or "hugetlb=1" in os.environ.get("GLIBC_TUNABLES", ""):
+        pytest.skip("this process may get huge pages without asking")
+    big = jnp.zeros((16 * 2**20,), jnp.float32)
+    pages = big.nbytes / 4096
+    faults = step_speed.page_faults({"step": (jax.jit(lambda x: x + 1.0), (big,))}, calls=2)
+    assert 0.5 * pages < faults < 2 * pages
+
+
+def test_with_tunable_sets_one_glibc_tunable_and_keeps_the_others():
+    name = step_speed.HUGE_PAGES
+    assert step_speed.with_tunable("", name, "1") == f"{name}=1"
+    assert step_speed.with_tunable(f"a.b=2:{name}=0", name, "1") == f"a.b=2:{name}=1"
+    assert step_speed.with_tunable(f"{name}=1::x=3", name, "0") == f"x=3:{name}=0"
+    with pytest.raises(ValueError, match="without ':' or '='"):
+        step_speed.with_tunable("", name, "1:x=2")
+
+
+def test_huge_pages_contrast_needs_glibc_2_35_and_madvise_mode(monkeypatch, tmp_path):
+    thp = tmp_path / "enabled"
+    monkeypatch.setattr(step_speed, "_THP", thp)
+    monkeypatch.setattr(step_speed.platform, "libc_ver", lambda: ("glibc", "2.36"))
+    thp.write_text("always [madvise] never\n")
+    assert step_speed.huge_pages_contrast() is None
+    thp.write_text("[always] madvise never\n")
+    assert "not madvise" in step_speed.huge_pages_contrast()
+    thp.unlink()
+    assert "'absent'" in step_speed.huge_pages_contrast()
+    monkeypatch.setattr(step_speed.platform, "libc_ver", lambda: ("glibc", "2.31"))
+    assert "not glibc >= 2.35 (glibc 2.31)" in step_speed.huge_pages_contrast()
+    monkeypatch.setattr(step_speed.platform, "libc_ver", lambda: ("", ""))
+    assert "unknown" in step_speed.huge_pages_contrast()

@@ -2,10 +2,23 @@
 time goes (chapter 11's last section, and `make bench`).
 
 Sizes are (L, D, N, K, F, T, B), as `LanguageModelSizes.speed` holds them.
+
+Page faults: XLA's CPU runtime takes each call's temporaries from `malloc` and frees them at
+its end. glibc serves a block above its mmap threshold (32 MiB at most) with fresh pages from
+the kernel, which zeroes each one the first time it is touched: a minor page fault per page.
+`page_faults` counts them per call; `rates_in_fresh_process` measures the step in a new
+process whose glibc asks for transparent huge pages (2 MiB each) or not, nothing else changed.
 """
 
 import functools
+import json
+import os
+import pathlib
+import platform
+import resource
 import statistics
+import subprocess
+import time
 
 import jax
 
@@ -21,6 +34,8 @@ from jaxloops.train import make_optimizer, make_train_step
 from jaxloops.transformer import TransformerConfig, init_transformer, transformer_loss
 
 PROGRAMS = ("forward", "gradient", "step")
+HUGE_PAGES = "glibc.malloc.hugetlb"  # glibc >= 2.35: 1 = malloc madvises transparent huge pages
+_THP = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 def step_programs(sizes: tuple[int, ...], key: jax.Array, attend=attention) -> dict:
@@ -141,3 +156,57 @@ def draw_breakdown(ax, groups: dict[str, dict], title: str) -> None:
     ax.set_yticks(list(y), names, fontsize=8)
     ax.set(xlabel="milliseconds per step (kernels summed)", title=title)
     ax.legend(fontsize=8)
+
+
+def page_faults(programs: dict, name: str = "step", calls: int = 5) -> float:
+    """Minor page faults (the kernel mapping a fresh page) per call of program `name` of
+    `step_programs`, averaged over `calls` calls after one untimed call; from getrusage."""
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls}")
+    compiled, args = programs[name]
+    jax.block_until_ready(compiled(*args))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(calls):
+        jax.block_until_ready(compiled(*args))
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
+
+
+def huge_pages_contrast() -> str | None:
+    """None where `rates_in_fresh_process` can contrast small and huge pages (glibc >= 2.35
+    and transparent huge pages in `madvise` mode, so only a process that asks gets them),
+    else why not."""
+    libc, version = platform.libc_ver()
+    if libc != "glibc" or tuple(map(int, version.split(".")[:2])) < (2, 35):
+        return f"malloc is not glibc >= 2.35 ({libc or 'unknown'} {version})"
+    mode = _THP.read_text().strip() if _THP.exists() else "absent"
+    if "[madvise]" not in mode:
+        return f"transparent huge pages are {mode!r}, not madvise"
+    return None
+
+
+def with_tunable(tunables: str, name: str, value: str) -> str:
+    """A GLIBC_TUNABLES string ("a=1:b=2") with `name` set to `value`, others kept."""
+    if not name or any(c in name + value for c in ":="):
+        raise ValueError(f"a tunable needs a name and a value without ':' or '=': {name}={value}")
+    kept = [t for t in tunables.split(":") if t and t.split("=")[0] != name]
+    return ":".join([*kept, f"{name}={value}"])
+
+
+def rates_in_fresh_process(sizes: tuple[int, ...], rounds: int, huge_pages: bool) -> dict:
+    """`step_rates` and `page_faults` of the train step at `sizes`, measured in a new process
+    (`jaxloops.workers.step_speed`) whose glibc asks for huge pages or not
+    (GLIBC_TUNABLES glibc.malloc.hugetlb = 1 or 0); the same environment otherwise, so it
+    shares this build's roofline. Returns the worker's JSON, plus "wall": its seconds."""
+    from jaxloops import workers
+
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")  # share a GPU's memory
+    env["GLIBC_TUNABLES"] = with_tunable(env.get("GLIBC_TUNABLES", ""), HUGE_PAGES,
+                                         "1" if huge_pages else "0")  # fmt: skip
+    sizes_arg = ",".join(str(int(n)) for n in sizes)
+    start = time.perf_counter()
+    done = subprocess.run(workers.command("step_speed", "--sizes", sizes_arg, "--rounds", rounds),
+                          env=env, capture_output=True, text=True, check=False)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"the step-speed worker failed:\n{done.stderr[-2000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**result, "wall": time.perf_counter() - start}

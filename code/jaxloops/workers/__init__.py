@@ -4,6 +4,7 @@
   checkpoint   chapter 13: trains, is stopped or killed and resumes; saves from 8 devices and
                restores onto 4
   sharding     chapter 12: one process of a multi-process data-parallel run
+  step_speed   chapter 11: the transformer's train step, with or without glibc's huge pages
   streaming    chapter 15: a run streamed by Grain, killed mid-epoch and resumed (needs grain)
 
 A parent starts one with `command(name, ...)`. The checkpoint and sharding workers run on the
@@ -23,7 +24,7 @@ import typing
 
 from jaxloops import backend
 
-NAMES = ("cache_probe", "checkpoint", "sharding", "streaming")
+NAMES = ("cache_probe", "checkpoint", "sharding", "step_speed", "streaming")
 _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 

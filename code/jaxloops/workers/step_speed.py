@@ -1,0 +1,32 @@
+"""The transformer's train step timed in a new process: `python -m jaxloops.workers.step_speed`.
+
+Started by `step_speed.rates_in_fresh_process` with `--sizes L,D,N,K,F,T,B` and `--rounds`,
+in an environment chosen by the parent (glibc's huge-page tunable); prints one JSON line:
+`step_rates` of the step's programs and
+"faults": minor page faults per train step (`page_faults`).
+"""
+
+import argparse
+import json
+
+import jax
+
+from jaxloops import step_speed
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", required=True, help="L,D,N,K,F,T,B")
+    parser.add_argument("--rounds", type=int, required=True)
+    args = parser.parse_args(argv)
+    try:
+        sizes = tuple(int(n) for n in args.sizes.split(","))
+    except ValueError:
+        parser.error(f"--sizes must be seven comma-separated ints, got {args.sizes!r}")
+    programs = step_speed.step_programs(sizes, jax.random.key(3))
+    rates = step_speed.step_rates(programs, args.rounds)
+    print(json.dumps({**rates, "faults": step_speed.page_faults(programs)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
