@@ -54,3 +54,13 @@ def test_sizes_are_frozen():
 def test_unknown_backend_is_named():
     with pytest.raises(ValueError, match="'quantum'"):
         jaxloops.experiment_sizes("quantum")
+
+
+def test_a_cpu_gpu_pair_splits_and_any_other_value_is_shared():
+    from jaxloops.backend import CpuGpu, MeasureSizes, _cpu_and_gpu
+
+    cpu, gpu = _cpu_and_gpu(MeasureSizes, repeats=CpuGpu(5, 20), matmul_size=512)
+    assert (cpu.repeats, gpu.repeats) == (5, 20)
+    assert cpu.matmul_size == gpu.matmul_size == 512
+    with pytest.raises(TypeError, match="unknown"):  # a misspelt size is not silently dropped
+        _cpu_and_gpu(MeasureSizes, repeats=1, matmul_size=2, unknown=3)

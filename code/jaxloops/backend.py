@@ -2,7 +2,7 @@
 
 `experiment_sizes()` composes one frozen dataclass per part of the book; a chapter reads
 `sizes.loop.batch_size`, `sizes.attention.lengths`, `sizes.lm.num_layers`. A new chapter adds
-its own part here, once, with a CPU and a GPU value.
+its own part here, once: each size written once, `CpuGpu(cpu, gpu)` where the two differ.
 """
 
 import dataclasses
@@ -157,203 +157,138 @@ class Sizes:
     streaming: StreamingSizes
 
 
-_CPU = Sizes(
-    backend="cpu",
-    measure=MeasureSizes(repeats=5, matmul_size=1024),
-    loop=LoopSizes(
-        hidden=(256, 256),
-        batch_size=128,
-        epochs=30,
-        learning_rate=3e-3,
-        weight_decay=1e-2,
-        throughput_batch_sizes=(32, 128, 512),
-        throughput_steps=40,  # enough that one call's overhead is small against the steps
-        warmup_epochs=2,
-        validation_fraction=0.15,
-        validate_every=1,
-        patience=4,
-    ),
-    attention=AttentionSizes(
-        lengths=(256, 512, 1024, 2048, 4096),
-        heads=4,
-        head_dim=64,
-        block_size=512,
-        materialise_max_length=4096,
-        fused_dtypes=(),
-        repeats=3,
-        causal_lengths=(512, 1024, 2048),
-        decode_cache_lengths=(512, 1024, 2048, 4096, 8192),
-        decode_batch=4,
-        decode_dtype="float32",
-        decode_heads=16,
-        decode_steps=16,
-    ),
-    lm=LanguageModelSizes(
-        text_bytes=2**20,
-        num_layers=2,
-        model_dim=64,
-        num_heads=4,
-        num_kv_heads=2,
-        hidden_dim=256,
-        max_len=64,
-        batch_size=16,
-        steps=400,
-        eval_every=50,
-        eval_windows=128,
-        learning_rate=3e-3,
-        weight_decay=0.1,
-        decode_batch=8,
-        speed=(2, 128, 4, 2, 512, 128, 16),
-    ),
-    sharding=ShardingSizes(
-        devices=8,
-        hidden=(256, 256),
-        batch_size=128,
-        examples=1344,  # the digits training split has 1347 rows; 1344 = 168 x 8
-        epochs=3,
-        learning_rate=3e-3,
-        weight_decay=1e-2,
-        stack_layers=4,
-        stack_width=64,
-        stack_hidden=128,
-        stack_batch=64,
-        grid=(4, 2),
-    ),
-    checkpoint=CheckpointSizes(
-        epochs=4,
-        stop_epoch=2,
-        kill_epoch=2,
-        keep_last=3,
-        lm_text_bytes=2**16,
-        lm_windows=64,
-    ),
-    memory=MemorySizes(
-        layers=4,
-        batch_size=8,
-        seq_len=64,
-        sweep_batches=(2, 8),
-        sweep_lengths=(16, 64),
-        sweep_layers=(1, 4),
-        compile_layers=(4, 24),  # the unrolled compile grows ~2x from 4 to 24, the scanned not
-        micro_batches=(1, 4),
-        train_steps=30,
-        text_bytes=2**16,
-        budget_mib=16,
-    ),
-    streaming=StreamingSizes(
-        text_bytes=2**16,
-        context=8,
-        records_per_shard=1000,
-        hidden=(512, 512),
-        batch_size=128,
-        epochs=2,
-        feed_steps=12,
-        rounds=3,
-        save_every=10,
-        kill_step=70,
-        nnx_steps=20,
-    ),
-)
+@dataclasses.dataclass(frozen=True)
+class CpuGpu:
+    """A size that differs by backend: its CPU value and its GPU (or TPU) value."""
 
-_GPU = Sizes(
-    backend="gpu",
-    measure=MeasureSizes(repeats=20, matmul_size=8192),
-    loop=LoopSizes(
-        hidden=(1024, 1024),
+    cpu: object
+    gpu: object
+
+
+def _cpu_and_gpu(part: type, **values):
+    """(the CPU part, the GPU part) of class `part`: a `CpuGpu` value is split, any other is
+    the same on both."""
+    pick = lambda i: part(
+        **{k: (v.cpu, v.gpu)[i] if isinstance(v, CpuGpu) else v for k, v in values.items()}
+    )
+    return pick(0), pick(1)
+
+
+# Each size once, CPU and GPU side by side: `CpuGpu(cpu, gpu)` where they differ.
+_PARTS = dict(
+    measure=_cpu_and_gpu(
+        MeasureSizes,
+        repeats=CpuGpu(5, 20),
+        matmul_size=CpuGpu(1024, 8192),
+    ),
+    loop=_cpu_and_gpu(
+        LoopSizes,
+        hidden=CpuGpu((256, 256), (1024, 1024)),
         batch_size=128,
         epochs=30,
         learning_rate=3e-3,
         weight_decay=1e-2,
-        throughput_batch_sizes=(128, 512, 2048, 8192, 32768),
-        throughput_steps=100,  # GPU steps take microseconds: amortise the per-call dispatch
+        throughput_batch_sizes=CpuGpu((32, 128, 512), (128, 512, 2048, 8192, 32768)),
+        # CPU: enough that one call's overhead is small against the steps; GPU steps take
+        # microseconds: amortise the per-call dispatch
+        throughput_steps=CpuGpu(40, 100),
         warmup_epochs=2,
         validation_fraction=0.15,
-        # An epoch of 8 steps takes about a millisecond here: validating after each would
+        # An epoch of 8 steps takes about a millisecond on a GPU: validating after each would
         # cost a dispatch and a host sync per millisecond (not measured on a GPU yet).
-        validate_every=3,
-        patience=2,
+        validate_every=CpuGpu(1, 3),
+        patience=CpuGpu(4, 2),
     ),
-    attention=AttentionSizes(
-        lengths=(512, 1024, 2048, 4096, 8192, 16384),
-        heads=8,
+    attention=_cpu_and_gpu(
+        AttentionSizes,
+        lengths=CpuGpu((256, 512, 1024, 2048, 4096), (512, 1024, 2048, 4096, 8192, 16384)),
+        heads=CpuGpu(4, 8),
         head_dim=64,
         block_size=512,
-        materialise_max_length=8192,
-        fused_dtypes=("bfloat16", "float16"),
-        repeats=20,
-        causal_lengths=(1024, 2048, 4096, 8192, 16384),
-        decode_cache_lengths=(1024, 4096, 16384, 65536),
-        decode_batch=16,
-        decode_dtype="bfloat16",
+        materialise_max_length=CpuGpu(4096, 8192),
+        fused_dtypes=CpuGpu((), ("bfloat16", "float16")),
+        repeats=CpuGpu(3, 20),
+        causal_lengths=CpuGpu((512, 1024, 2048), (1024, 2048, 4096, 8192, 16384)),
+        decode_cache_lengths=CpuGpu((512, 1024, 2048, 4096, 8192), (1024, 4096, 16384, 65536)),
+        decode_batch=CpuGpu(4, 16),
+        decode_dtype=CpuGpu("float32", "bfloat16"),
         decode_heads=16,
-        decode_steps=64,
+        decode_steps=CpuGpu(16, 64),
     ),
-    lm=LanguageModelSizes(
-        text_bytes=3 * 2**20,
-        num_layers=4,
-        model_dim=256,
-        num_heads=8,
+    lm=_cpu_and_gpu(
+        LanguageModelSizes,
+        text_bytes=CpuGpu(2**20, 3 * 2**20),
+        num_layers=CpuGpu(2, 4),
+        model_dim=CpuGpu(64, 256),
+        num_heads=CpuGpu(4, 8),
         num_kv_heads=2,
-        hidden_dim=1024,
-        max_len=256,
-        batch_size=32,
-        steps=2000,
-        eval_every=100,
-        eval_windows=512,
-        learning_rate=1e-3,
+        hidden_dim=CpuGpu(256, 1024),
+        max_len=CpuGpu(64, 256),
+        batch_size=CpuGpu(16, 32),
+        steps=CpuGpu(400, 2000),
+        eval_every=CpuGpu(50, 100),
+        eval_windows=CpuGpu(128, 512),
+        learning_rate=CpuGpu(3e-3, 1e-3),
         weight_decay=0.1,
         decode_batch=8,
-        speed=(4, 256, 8, 2, 1024, 256, 16),
+        speed=CpuGpu((2, 128, 4, 2, 512, 128, 16), (4, 256, 8, 2, 1024, 256, 16)),
     ),
-    sharding=ShardingSizes(
+    sharding=_cpu_and_gpu(
+        ShardingSizes,
         devices=8,  # 8 GPUs of one host, or 8 simulated CPU devices where fewer are found
-        hidden=(1024, 1024),
-        batch_size=512,
-        examples=1344,
-        epochs=10,
+        hidden=CpuGpu((256, 256), (1024, 1024)),
+        batch_size=CpuGpu(128, 512),
+        examples=1344,  # the digits training split has 1347 rows; 1344 = 168 x 8
+        epochs=CpuGpu(3, 10),
         learning_rate=3e-3,
         weight_decay=1e-2,
-        stack_layers=8,
-        stack_width=256,
-        stack_hidden=1024,
-        stack_batch=256,
+        stack_layers=CpuGpu(4, 8),
+        stack_width=CpuGpu(64, 256),
+        stack_hidden=CpuGpu(128, 1024),
+        stack_batch=CpuGpu(64, 256),
         grid=(4, 2),
     ),
-    checkpoint=CheckpointSizes(
-        epochs=20,
-        stop_epoch=8,
-        kill_epoch=5,
+    checkpoint=_cpu_and_gpu(
+        CheckpointSizes,
+        epochs=CpuGpu(4, 20),
+        stop_epoch=CpuGpu(2, 8),
+        kill_epoch=CpuGpu(2, 5),
         keep_last=3,
-        lm_text_bytes=2**20,
-        lm_windows=1024,
+        lm_text_bytes=CpuGpu(2**16, 2**20),
+        lm_windows=CpuGpu(64, 1024),
     ),
-    memory=MemorySizes(
-        layers=8,
-        batch_size=32,
-        seq_len=256,
-        sweep_batches=(8, 32),
-        sweep_lengths=(64, 256),
-        sweep_layers=(1, 2, 4, 8),
-        compile_layers=(8, 32),
+    memory=_cpu_and_gpu(
+        MemorySizes,
+        layers=CpuGpu(4, 8),
+        batch_size=CpuGpu(8, 32),
+        seq_len=CpuGpu(64, 256),
+        sweep_batches=CpuGpu((2, 8), (8, 32)),
+        sweep_lengths=CpuGpu((16, 64), (64, 256)),
+        sweep_layers=CpuGpu((1, 4), (1, 2, 4, 8)),
+        # the unrolled compile grows ~2x from 4 to 24 layers, the scanned not
+        compile_layers=CpuGpu((4, 24), (8, 32)),
         micro_batches=(1, 4),
-        train_steps=200,
-        text_bytes=2**20,
-        budget_mib=4096,
+        train_steps=CpuGpu(30, 200),
+        text_bytes=CpuGpu(2**16, 2**20),
+        budget_mib=CpuGpu(16, 4096),
     ),
-    streaming=StreamingSizes(
-        text_bytes=2**20,
-        context=16,
-        records_per_shard=8192,
-        hidden=(2048, 2048),
-        batch_size=1024,
+    streaming=_cpu_and_gpu(
+        StreamingSizes,
+        text_bytes=CpuGpu(2**16, 2**20),
+        context=CpuGpu(8, 16),
+        records_per_shard=CpuGpu(1000, 8192),
+        hidden=CpuGpu((512, 512), (2048, 2048)),
+        batch_size=CpuGpu(128, 1024),
         epochs=2,
-        feed_steps=50,
-        rounds=7,
-        save_every=20,
-        kill_step=80,
-        nnx_steps=50,
+        feed_steps=CpuGpu(12, 50),
+        rounds=CpuGpu(3, 7),
+        save_every=CpuGpu(10, 20),
+        kill_step=CpuGpu(70, 80),
+        nnx_steps=CpuGpu(20, 50),
     ),
 )
+_CPU, _GPU = (Sizes(backend, **{name: pair[i] for name, pair in _PARTS.items()})
+              for i, backend in enumerate(("cpu", "gpu")))  # fmt: skip
 
 
 def experiment_sizes(backend: str | None = None) -> Sizes:
