@@ -42,6 +42,7 @@ from gpu_points import (  # noqa: E402 - the script's own folder, set just above
     causal_point,
     ceiling_point,
     lm_point,
+    memory_point,
     mlp_point,
     plot,
 )  # fmt: skip
@@ -72,6 +73,7 @@ class Plan:
     mlp_steps: int
     lm: dict  # chapter 11's LanguageModelSizes, as a dict
     lm_steps: int  # train steps of the LM per timed call
+    memory: dict  # chapter 14's MemorySizes, as a dict
 
 
 def make_plan(rehearse: bool, backend: str | None = None) -> Plan:
@@ -102,6 +104,9 @@ def make_plan(rehearse: bool, backend: str | None = None) -> Plan:
             mlp_steps=5,
             lm=dataclasses.asdict(toy_lm),
             lm_steps=2,
+            memory=dataclasses.asdict(
+                dataclasses.replace(sizes.memory, layers=1, batch_size=2, seq_len=32)
+            ),
         )
     return Plan(
         lengths=attention.lengths,
@@ -121,6 +126,7 @@ def make_plan(rehearse: bool, backend: str | None = None) -> Plan:
         mlp_steps=sizes.loop.throughput_steps,
         lm=dataclasses.asdict(sizes.lm),
         lm_steps=10,
+        memory=dataclasses.asdict(sizes.memory),
     )
 
 
@@ -132,7 +138,7 @@ def tasks(plan: Plan, stage: str) -> list[str]:
             names.append(f"attention cudnn bfloat16 {length}")
             if length == plan.goal_length:  # the goals compare cuDNN with naive and XLA here
                 names += [f"attention {n} bfloat16 {length}" for n in MATERIALISING]
-        return names + [f"mlp {b}" for b in plan.mlp_batch_sizes] + ["lm"]
+        return names + [f"mlp {b}" for b in plan.mlp_batch_sizes] + ["lm", "memory"]
     if stage == "sweeps":
         names = [
             f"attention {name} {dtype} {length}"
@@ -202,6 +208,7 @@ def new_results(rehearse: bool) -> dict:
         "causal": [],
         "mlp": [],
         "lm": {},
+        "memory_steps": [],  # chapter 14's step in float32 and bfloat16 compute
         "failures": [],
         "tasks": {},  # task -> "done" or "crashed: ..."
         "in_flight": None,  # the task a child is measuring now
@@ -244,6 +251,9 @@ def measure_task(run: Run, task: str) -> str:
     if kind == "lm":
         results["lm"] = row = lm_point(run)
         return f"{row['steps_per_s']:.4g} steps/s, MFU {row['mfu_of_measured_f32']}"
+    if kind == "memory":
+        results["memory_steps"] = rows = memory_point(run)
+        return ", ".join(f"{r['compute']} {r['ms per step']:.4g} ms" for r in rows)
     if kind == "plot":
         plot(run)
         return str(run.out / "attention_latency.png")

@@ -200,6 +200,46 @@ def mlp_point(run, batch_size: int) -> dict:
     return {**row, "precision": "highest"}
 
 
+def memory_point(run) -> list[dict]:
+    """Chapter 14's train step (chapter 11's widths, chapter 14's depth, batch and length) in
+    float32 and with bfloat16 compute (float32 master parameters and Adam state), timed in
+    one process: the GPU appendix's bfloat16 row."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    import jaxloops
+    from jaxloops import measure, precision
+
+    lm, part, key = (
+        jaxloops.backend.LanguageModelSizes(**run.plan.lm),
+        run.plan.memory,
+        jax.random.key(0),
+    )
+    config = dataclasses.replace(
+        jaxloops.TransformerConfig.from_sizes(lm, jaxloops.text.VOCAB_SIZE),
+        num_layers=part["layers"], max_len=part["seq_len"],
+    )  # fmt: skip
+    shape = (run.plan.lm_steps, part["batch_size"], part["seq_len"])  # (steps, B, T)
+    tokens = jax.random.randint(key, shape, 0, config.vocab_size)
+    loss = jaxloops.transformer_loss
+    losses = {"float32": loss, "bfloat16 compute": precision.compute_in(loss, jnp.bfloat16)}
+    rows = []
+    with jax.default_matmul_precision("highest"):  # float32 means float32, not TF32
+        params = jaxloops.init_transformer(key, config)
+        optimizer = jaxloops.make_optimizer(lm.learning_rate, lm.weight_decay)
+        for name, loss_fn in losses.items():
+            step = jaxloops.make_train_step(loss_fn, optimizer)
+            batches = jaxloops.Batch(tokens, tokens)
+            row = measure.scan_throughput(
+                step, params, optimizer.init(params), batches, run.plan.samples
+            )
+            rows.append({"compute": name, "L": config.num_layers, "B": shape[1], "T": shape[2],
+                         "ms per step": 1e3 / row["steps_per_s"]})  # fmt: skip
+    return rows
+
+
 def lm_model_flops(params, batch: int, length: int, layers: int, width: int) -> float:
     """FLOPs of one train step by the usual count: 6 per parameter per token (forward and
     backward of every weight but the embedding tables) plus the attention scores, 12 L T D per

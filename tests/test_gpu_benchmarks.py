@@ -21,7 +21,7 @@ def test_the_first_stage_measures_in_the_order_of_their_value():
     first = bench.tasks(plan, "headline")
     assert first[:5] == ["implementations", "ceiling f32", "ceiling tf32", "ceiling bf16",
                          "bandwidth"]  # fmt: skip
-    assert first[-2:] == [f"mlp {b}" for b in plan.mlp_batch_sizes][-1:] + ["lm"]
+    assert first[-3:] == [f"mlp {b}" for b in plan.mlp_batch_sizes][-1:] + ["lm", "memory"]
     goal = plan.goal_length
     assert [t for t in first if t.endswith(f" bfloat16 {goal}")] == [
         f"attention {n} bfloat16 {goal}" for n in ("cudnn", "naive", "xla")

@@ -102,6 +102,13 @@ def _grad_program(config, batch, length, scanned, policy, whole, micro, dtype) -
     return measure_compiled(jax.value_and_grad(lambda p, b: loss(p, b)[0]), params, tokens)
 
 
+@functools.lru_cache(maxsize=8)
+def forward_program(config, batch: int, length: int, scanned=False) -> Measured:
+    """Measured of the compiled loss alone, no gradient: the forward pass's FLOPs."""
+    params, tokens = model_shapes(config, batch, length, scanned)
+    return measure_compiled(lambda p, b: loss_of(scanned)(p, b)[0], params, tokens)
+
+
 _RESIDUAL = re.compile(r"^(\w+)\[([\d,]*)\] (.*)$")
 
 
