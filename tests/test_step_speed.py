@@ -134,3 +134,18 @@ def test_huge_pages_contrast_needs_glibc_2_35_and_madvise_mode(monkeypatch, tmp_
     assert "not glibc >= 2.35 (glibc 2.31)" in step_speed.huge_pages_contrast()
     monkeypatch.setattr(step_speed.platform, "libc_ver", lambda: ("", ""))
     assert "unknown" in step_speed.huge_pages_contrast()
+
+
+def test_the_page_fault_findings_fail_each_claim_that_the_figures_contradict():
+    temp = 4096 * 1000  # 1,000 pages of temporaries
+    small = {"faults": 1000.0, "seconds": {"step": 0.010}, "of_ceiling": 0.3}
+    huge = {"faults": 20.0, "seconds": {"step": 0.008}, "of_ceiling": 0.4}
+    failed, paragraph = step_speed.huge_pages_findings(1000.0, temp, small, huge)
+    assert failed == [] and "1,000 times" in paragraph and "20 faults" in paragraph
+    assert "2.04 µs per fault" in paragraph  # 2 ms saved over 980 faults
+    assert len(step_speed.huge_pages_findings(3000.0, temp, small, huge)[0]) == 1  # 3 per page
+    assert (
+        len(step_speed.huge_pages_findings(1000.0, temp, small, {**huge, "faults": 200.0})[0]) == 1
+    )
+    slow = {**huge, "seconds": {"step": 0.0099}}  # 1 % faster only
+    assert len(step_speed.huge_pages_findings(1000.0, temp, small, slow)[0]) == 1
