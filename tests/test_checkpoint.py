@@ -341,10 +341,14 @@ def test_checkpoint_from_8_devices_restores_onto_4(tmp_path):
     for report in (saved, restored):
         assert report["split"]["params.dense_0.w"] and not report["split"]["params.dense_2.b"]
     four = dict(np.load(tmp_path / "4.npz"))
-    params, opt_state = checkpoint_worker.experiment("mlp", SIZES, CPU).init()
+    params, opt_state = checkpoint_worker.stepped_mlp_state(SIZES, CPU)
     reference = checkpoint.flat_arrays({"params": params, "opt_state": opt_state})
     assert any(name.startswith("opt_state.") for name in four)  # the optimizer state too
     assert equivalence.differing(four, reference) == []
+    # A restore that re-initialised the optimizer (or the parameters) would not pass.
+    params0, opt_state0 = checkpoint_worker.experiment("mlp", SIZES, CPU).init()
+    initial = checkpoint.flat_arrays({"params": params0, "opt_state": opt_state0})
+    assert len(equivalence.differing(four, initial)) == len(initial)
     # The checkpoint records the sharding it was saved with: the mesh, the spec, the chunk.
     stored = checkpoint.stored_shardings(tmp_path / "ckpt", 0)["params.dense_0.w"]
     assert stored["sharding_type"] == "NamedSharding" and stored["axis_names"] == ["data"]

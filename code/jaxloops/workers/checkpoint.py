@@ -88,6 +88,16 @@ def experiment(model: str, sizes, device) -> Experiment:
     return Experiment(jax.device_put(fit_key, device), init, train_step, data, batch_size)
 
 
+def stepped_mlp_state(sizes, device):
+    """`experiment("mlp")`'s state after one train step on the first batch of its data, on
+    `device`: Adam's moments and step count are no longer their initial zeros, so a restore
+    that re-initialised the optimizer does not pass for this state."""
+    run = experiment("mlp", sizes, device)
+    batch = jax.tree.map(lambda a: a[: run.batch_size], run.data)
+    params, opt_state, _ = jax.jit(run.train_step)(*run.init(), batch)
+    return params, opt_state
+
+
 class Preempted(Exception):
     """SIGTERM arrived: the epoch it names was saved, and the run stops."""
 
@@ -153,8 +163,8 @@ def kill_after(
 
 
 def mesh_state(devices: int, abstract: bool, sizes):
-    """The MLP's initial state split over a mesh of the first `devices` CPU devices, each
-    leaf as chapter 12's FSDP splits it (`sharding.fsdp_spec`).
+    """The MLP's state after one step (`stepped_mlp_state`) split over a mesh of the first
+    `devices` CPU devices, each leaf as chapter 12's FSDP splits it (`sharding.fsdp_spec`).
 
     Args:
       abstract: only shapes, dtypes and shardings (jax.ShapeDtypeStruct), no values.
@@ -177,8 +187,9 @@ def mesh_state(devices: int, abstract: bool, sizes):
     if abstract:
         as_abstract = lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s)
         params, opt_state = jax.tree.map(as_abstract, shapes, shardings)
-    else:  # one compiled program makes every shard in place, not one per operation
-        params, opt_state = jax.jit(init, out_shardings=shardings)()
+    else:  # computed on one device, as the reference is, then split
+        state = stepped_mlp_state(sizes, jax.devices("cpu")[0])
+        params, opt_state = jax.device_put(state, shardings)
     return fit_key, params, opt_state
 
 
