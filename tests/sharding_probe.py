@@ -105,6 +105,7 @@ def stacked(report, mesh, split) -> None:
     specs = fsdp.stack_specs()
     on_mesh = sharding.place(mesh, specs, params), sharding.place(mesh, ROWS, batch)
     grid = tensor_parallel.grid_mesh(SIZES.grid, jax.devices("cpu"))
+    held = {}
     forms = {
         "per_layer": (grad(fsdp.per_layer_loss(mesh)), on_mesh),
         "twin": (jax.jit(fsdp.shard_map_fsdp_grad(mesh, specs)), on_mesh),
@@ -113,6 +114,9 @@ def stacked(report, mesh, split) -> None:
         tp_specs = tensor_parallel.tp_specs(params, grid, fsdp=with_fsdp)
         args = sharding.place(grid, tp_specs, params), sharding.place(grid, ROWS, batch)
         forms[name] = (grad(tensor_parallel.tp_loss(grid)), args)
+        w1 = args[0]["layers"]["w1"]  # (L, D, F): one layer's (D, F) blocks on the grid
+        layer = jax.sharding.NamedSharding(grid, jax.P(*w1.sharding.spec[1:]))
+        held[name] = tensor_parallel.held_blocks(layer, w1.shape[1:])
     activation = B // SIZES.grid[0] * SIZES.stack_width * 4
     report["stack"] = {
         "L": L,
@@ -120,6 +124,7 @@ def stacked(report, mesh, split) -> None:
         "P_L": int(sum(a.nbytes for a in jax.tree.leaves(params["layers"]))),
         "activation": activation,
     }
+    report["held"] = {name: sorted(map(list, blocks.items())) for name, blocks in held.items()}
     for name, (fn, args) in forms.items():
         program = fn.lower(*args).compile()
         report["stack"][name] = {

@@ -229,3 +229,15 @@ def test_a_model_axis_that_does_not_divide_the_hidden_width_is_refused():
     mesh = jax.sharding.AbstractMesh((4, 2), ("data", "model"))
     with pytest.raises(ValueError, match="2 devices does not divide the hidden width 15"):
         tensor_parallel.tp_specs(params, mesh, fsdp=False)
+
+
+def test_held_blocks_gives_m_column_blocks_of_d_devices_and_with_fsdp_n_blocks_of_one(report):
+    """w1 (D = 40, F = 24) on the 4 x 2 (data x model) grid: tensor parallel splits its columns
+    over "model" (each half held by the 4 devices of a column); FSDP splits each half's rows
+    over "data" too, one device a block."""
+    tp, both = report["held"]["tp"], report["held"]["tp_fsdp"]
+    assert [block for block, _ in tp] == [[0, 40, 0, 12], [0, 40, 12, 24]]
+    assert sorted(len(ids) for _, ids in tp) == [4, 4]
+    assert len(both) == 8 and all(len(ids) == 1 for _, ids in both)
+    assert sorted(i for _, ids in both for i in ids) == list(range(8))
+    assert sorted(block[0] for block, _ in both) == [0, 0, 10, 10, 20, 20, 30, 30]
