@@ -70,8 +70,8 @@ GPU_BOOK_CHAPTERS = ("01", "06", "08", "09", "10", "11", "14")
 STAGES = (
     Stage("setup", "JAX sees the GPU; the build tools from .whl/ (pip --no-index)",
           34.4, "rehearsal 1, 96 wheels installed", 1.0, "the same pip install"),
-    Stage("headline", "implementation report, ceilings, cuDNN sweep, MLP rows, LM step's MFU",
-          41.4, "rehearsal 2, toy plan", 1.7, "19 points instead of 11"),
+    Stage("headline", "implementation report, ceilings, cuDNN sweep, MLP rows, LM MFU, bf16 step",
+          41.4, "rehearsal 2, toy plan", 1.7, "20 points instead of 12"),
     Stage("book", "the strict build of the chapters whose figures a GPU changes",
           246, "make book, those chapters' cells at CPU sizes, stop 30", 0.7,
           "one kernel at a time, compiling as here; GPU sizes run faster; CUDA start-ups"),
