@@ -70,6 +70,7 @@ def strategies(report, mesh, params, opt_state, batch, shifted, optimizer):
             "batch_bytes": sharding.device_bytes(args[2]),
             "param_ratio": equivalence.worst_ratio(new[0], one[0], step_bound),
             "loss_diff": float(abs(new[2]["loss"] - one[2]["loss"])),
+            "passes": comms.passes(compiled, sum(a.nbytes for a in jax.tree.leaves(params)), 8),
         }
     # jitted: called as it is, shard_map runs its body one operation at a time (a compile each)
     per_device_grad = lambda mean: jax.jit(
@@ -132,6 +133,7 @@ def stacked(report, mesh, split) -> None:
             "steps": comms.per_step(program, trips=L),
             "activations": comms.per_step(program, trips=L, only_bytes=activation),
             "state_bytes": sharding.device_bytes(args[0]),
+            "passes": comms.passes(program, report["stack"]["P"], 8, trips=L),
         }
 
 

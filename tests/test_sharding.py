@@ -241,3 +241,29 @@ def test_held_blocks_gives_m_column_blocks_of_d_devices_and_with_fsdp_n_blocks_o
     assert len(both) == 8 and all(len(ids) == 1 for _, ids in both)
     assert sorted(i for _, ids in both for i in ids) == list(range(8))
     assert sorted(block[0] for block, _ in both) == [0, 0, 10, 10, 20, 20, 30, 30]
+
+
+def test_async_collectives_finds_start_done_pairs_and_not_synchronous_collectives():
+    overlapped = (
+        "%ars = f32[8]{0} all-reduce-start(f32[8]{0} %g), replica_groups={}\n"
+        "%ard = f32[8]{0} all-reduce-done(f32[8]{0} %ars)\n"
+        "%ags = (f32[2]{0}, f32[8]{0}) all-gather-start(f32[2]{0} %p), dimensions={0}\n"
+    )
+    assert comms.async_collectives(overlapped) == ["all-gather", "all-reduce"]
+    assert comms.async_collectives("%ar = f32[8]{0} all-reduce(f32[8]{0} %g)\n") == []
+
+
+def test_passes_read_from_the_compiled_programs_give_c_over_w_for_dp_and_the_fsdp_twin(report):
+    """Chapter 12's critical batch: data parallel's all-reduce is two backward passes and no
+    forward one; FSDP per layer's twin gathers once forward and a little under twice backward
+    (the outer weights are kept from the forward pass); both give C / W."""
+    dp, twin = report["dp"]["passes"], report["stack"]["twin"]["passes"]
+    per_layer = report["stack"]["per_layer"]["passes"]  # its all-reduce where a reduce-scatter goes
+    # The all-reduce also carries the step's two 4-byte metrics: 0.2 % of this small MLP.
+    assert dp["forward"] == 0 and abs(dp["backward"] - 2) < 0.005, dp
+    assert twin["forward"] == 1 and 1.5 < twin["backward"] < 2, twin
+    assert per_layer["forward"] == 1 and 2.5 < per_layer["backward"] < 3, per_layer
+    flops, link = 1e15, 4e11
+    for passes in (dp, twin):
+        assert comms.critical_batch(flops, link, **passes) == pytest.approx(flops / link, rel=1e-3)
+    assert comms.critical_batch(flops, link, **per_layer) > 1.2 * flops / link

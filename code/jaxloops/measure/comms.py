@@ -76,6 +76,17 @@ def per_step(program, trips: int = 1, only_bytes=None) -> dict[str, dict[str, tu
     return found
 
 
+_ASYNC = re.compile(
+    r" (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)-start\("
+)
+
+
+def async_collectives(program) -> list[str]:
+    """The kinds of collective that a compiled program (or its HLO text) runs as a
+    `-start`/`-done` pair, the form in which XLA overlaps one with other work; sorted."""
+    return sorted(set(_ASYNC.findall(program_text(program))))
+
+
 def ring_bytes(counted: dict[str, tuple[int, int]], n: int) -> float:
     """Bytes each of n devices sends for collectives {kind: (ops, result bytes)}, as a ring."""
     unknown = set(counted) - set(_RING_SHARE)
