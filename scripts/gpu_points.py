@@ -200,43 +200,52 @@ def mlp_point(run, batch_size: int) -> dict:
     return {**row, "precision": "highest"}
 
 
+def _transformer_step_rate(run, config, batch: int, loss_fn=None):
+    """`scan_throughput` of the train step of `loss_fn` (default chapter 11's loss) for
+    `config`, `run.plan.lm_steps` steps of (batch, config.max_len) random tokens a call, in
+    float32 at HIGHEST (not TF32). Returns (its row, the parameters it started from)."""
+    import jax
+
+    import jaxloops
+    from jaxloops import measure
+
+    key, lm = jax.random.key(0), run.plan.lm
+    shape = (run.plan.lm_steps, batch, config.max_len)  # (steps, B, T)
+    tokens = jax.random.randint(key, shape, 0, config.vocab_size)
+    with jax.default_matmul_precision("highest"):  # float32 means float32, not TF32
+        params = jaxloops.init_transformer(key, config)
+        optimizer = jaxloops.make_optimizer(lm["learning_rate"], lm["weight_decay"])
+        step = jaxloops.make_train_step(loss_fn or jaxloops.transformer_loss, optimizer)
+        row = measure.scan_throughput(step, params, optimizer.init(params),
+                                      jaxloops.Batch(tokens, tokens), run.plan.samples)  # fmt: skip
+    return row, params
+
+
 def memory_point(run) -> list[dict]:
     """Chapter 14's train step (chapter 11's widths, chapter 14's depth, batch and length) in
     float32 and with bfloat16 compute (float32 master parameters and Adam state), timed in
     one process: the GPU appendix's bfloat16 row."""
     import dataclasses
 
-    import jax
     import jax.numpy as jnp
 
     import jaxloops
-    from jaxloops import measure, precision
+    from jaxloops import precision
 
-    lm, part, key = (
-        jaxloops.backend.LanguageModelSizes(**run.plan.lm),
-        run.plan.memory,
-        jax.random.key(0),
-    )
+    lm, part = jaxloops.backend.LanguageModelSizes(**run.plan.lm), run.plan.memory
     config = dataclasses.replace(
         jaxloops.TransformerConfig.from_sizes(lm, jaxloops.text.VOCAB_SIZE),
         num_layers=part["layers"], max_len=part["seq_len"],
     )  # fmt: skip
-    shape = (run.plan.lm_steps, part["batch_size"], part["seq_len"])  # (steps, B, T)
-    tokens = jax.random.randint(key, shape, 0, config.vocab_size)
     loss = jaxloops.transformer_loss
-    losses = {"float32": loss, "bfloat16 compute": precision.compute_in(loss, jnp.bfloat16)}
     rows = []
-    with jax.default_matmul_precision("highest"):  # float32 means float32, not TF32
-        params = jaxloops.init_transformer(key, config)
-        optimizer = jaxloops.make_optimizer(lm.learning_rate, lm.weight_decay)
-        for name, loss_fn in losses.items():
-            step = jaxloops.make_train_step(loss_fn, optimizer)
-            batches = jaxloops.Batch(tokens, tokens)
-            row = measure.scan_throughput(
-                step, params, optimizer.init(params), batches, run.plan.samples
-            )
-            rows.append({"compute": name, "L": config.num_layers, "B": shape[1], "T": shape[2],
-                         "ms per step": 1e3 / row["steps_per_s"]})  # fmt: skip
+    for name, loss_fn in (
+        ("float32", loss),
+        ("bfloat16 compute", precision.compute_in(loss, jnp.bfloat16)),
+    ):
+        row, _ = _transformer_step_rate(run, config, part["batch_size"], loss_fn)
+        rows.append({"compute": name, "L": config.num_layers, "B": part["batch_size"],
+                     "T": config.max_len, "ms per step": 1e3 / row["steps_per_s"]})  # fmt: skip
     return rows
 
 
@@ -255,23 +264,13 @@ def lm_model_flops(params, batch: int, length: int, layers: int, width: int) -> 
 def lm_point(run) -> dict:
     """Chapter 11's train step at the backend's sizes: steps/s and model FLOP utilisation,
     against the f32 ceiling this run measured and the board's published f32 peak."""
-    import jax
-
     import jaxloops
-    from jaxloops import measure
     from jaxloops.measure import published
 
-    lm, key = run.plan.lm, jax.random.key(0)
+    lm = run.plan.lm
     lm_sizes = jaxloops.backend.LanguageModelSizes(**lm)
     config = jaxloops.TransformerConfig.from_sizes(lm_sizes, jaxloops.text.VOCAB_SIZE)
-    shape = (run.plan.lm_steps, lm["batch_size"], lm["max_len"])  # (steps, B, T)
-    tokens = jax.random.randint(key, shape, 0, config.vocab_size)
-    with jax.default_matmul_precision("highest"):
-        params = jaxloops.init_transformer(key, config)
-        optimizer = jaxloops.make_optimizer(lm["learning_rate"], lm["weight_decay"])
-        train_step = jaxloops.make_train_step(jaxloops.transformer_loss, optimizer)
-        row = measure.scan_throughput(train_step, params, optimizer.init(params),
-                                      jaxloops.Batch(tokens, tokens), run.plan.samples)  # fmt: skip
+    row, params = _transformer_step_rate(run, config, lm["batch_size"])
     model_flops = lm_model_flops(
         params, lm["batch_size"], lm["max_len"], lm["num_layers"], lm["model_dim"]
     )

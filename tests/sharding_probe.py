@@ -51,6 +51,7 @@ def strategies(report, mesh, params, opt_state, batch, shifted, optimizer):
         g_one, g_bound, params, learning_rate=SIZES.learning_rate
     )
     one = jax.jit(jaxloops.make_train_step(jaxloops.mlp_loss, optimizer))(params, opt_state, batch)
+    param_bytes = int(sum(a.nbytes for a in jax.tree.leaves(params)))
     for name, (train_step, kind) in steps(mesh, optimizer).items():
         p_specs = jaxloops.strategy_specs(params, kind, mesh)
         o_specs = jaxloops.strategy_specs(opt_state, kind, mesh)
@@ -70,7 +71,7 @@ def strategies(report, mesh, params, opt_state, batch, shifted, optimizer):
             "batch_bytes": sharding.device_bytes(args[2]),
             "param_ratio": equivalence.worst_ratio(new[0], one[0], step_bound),
             "loss_diff": float(abs(new[2]["loss"] - one[2]["loss"])),
-            "passes": comms.passes(compiled, sum(a.nbytes for a in jax.tree.leaves(params)), 8),
+            "passes": comms.passes(compiled, param_bytes, 8),
         }
     # jitted: called as it is, shard_map runs its body one operation at a time (a compile each)
     per_device_grad = lambda mean: jax.jit(
@@ -90,7 +91,7 @@ def strategies(report, mesh, params, opt_state, batch, shifted, optimizer):
     report["grad_ratio"] = report["grad"]["dp"]
     no_pmean = unscaled.lower(placed, rows).compile()
     report["no_pmean_collectives"] = measure.collectives(no_pmean)
-    report["param_bytes"] = int(sum(a.nbytes for a in jax.tree.leaves(params)))
+    report["param_bytes"] = param_bytes
 
 
 def stacked(report, mesh, split) -> None:
