@@ -219,7 +219,7 @@ def mlp_runs(worker_cache, tmp_path_factory, worker_id):
 def run_mlp(root) -> dict:
     run = checkpoint_worker.experiment("mlp", SIZES, CPU)
     command = workers.command(
-        "checkpoint", "train", f"mlp:{root / 'killed'}", "--epochs", EPOCHS, "--slow", 0.5,
+        "checkpoint", "train", f"mlp:{root / 'killed'}", "--epochs", EPOCHS, "--lost-at", KILL,
         *SIZES_ARG,
     )  # fmt: skip
     warned = workers.command(
@@ -228,7 +228,7 @@ def run_mlp(root) -> dict:
     )  # fmt: skip
     with concurrent.futures.ThreadPoolExecutor() as pool:  # the killed run trains meanwhile
         killing = pool.submit(
-            checkpoint_worker.kill_after, command, f"mlp: saved epoch {KILL}", workers.cpu_env(1)
+            subprocess.run, command, capture_output=True, text=True, env=workers.cpu_env(1)
         )
         # ... and one sent SIGTERM after its first epoch, which it trained without saving.
         terminating = pool.submit(
@@ -245,14 +245,16 @@ def run_mlp(root) -> dict:
             run.key, *run.init(), run.train_step, run.data, batch_size=run.batch_size,
             epochs=EPOCHS, epochs_per_call=1,
         )  # fmt: skip
-        status, printed = killing.result()
+        status, printed = killing.result().returncode, killing.result().stdout.splitlines()
         term_status, term_printed = terminating.result()
+    unfinished = checkpoint.temporary_dirs(root / "killed")
     warned_steps = checkpoint.checkpoint_manager(root / "warned", keep_last=2).all_steps()
     finished = train_in_new_process(
         f"mlp:{root / 'stopped'}", f"mlp:{root / 'killed'}", f"mlp:{root / 'warned'}",
         "--epochs", EPOCHS, "--out", root / "final.npz",
     )  # fmt: skip
     return dict(
+        unfinished=unfinished, left=checkpoint.temporary_dirs(root / "killed"),
         status=status, printed=printed, stdout=finished.stdout, final=str(root / "final.npz"),
         term_status=term_status, term_printed=term_printed, warned_steps=warned_steps,
         uninterrupted=uninterrupted_npz(root, params, opt_state),
@@ -303,12 +305,16 @@ def test_the_stopped_transformer_started_fresh_and_resumed_where_it_stopped(tran
 
 
 def test_the_killed_run_was_killed_and_resumed_from_its_checkpoint(mlp_runs):
+    """--lost-at KILL: the process SIGKILLed itself as epoch KILL's save began, so that save
+    was cut off (its temporary directory left behind, then deleted by the resumed run) and
+    the run resumed from epoch KILL - 1."""
     assert mlp_runs["status"] == -9
-    assert mlp_runs["printed"][-1] == f"mlp: saved epoch {KILL}"
+    assert mlp_runs["printed"][-1] == f"mlp: saving epoch {KILL}; the machine is lost"
+    assert mlp_runs["unfinished"] == [f"{KILL}{checkpoint.TMP_SUFFIX}"]
+    assert mlp_runs["left"] == []
     starts = [line for line in mlp_runs["stdout"].splitlines() if "starting at" in line]
     assert starts[0] == f"mlp: starting at epoch {STOP}"  # the stopped run, where it stopped
-    # The save of epoch KILL may have been cut off; the one before it had finished.
-    assert starts[1] in {f"mlp: starting at epoch {KILL}", f"mlp: starting at epoch {KILL - 1}"}
+    assert starts[1] == f"mlp: starting at epoch {KILL - 1}"
 
 
 def test_sigterm_saves_the_epoch_it_is_in_and_exits_cleanly(mlp_runs):

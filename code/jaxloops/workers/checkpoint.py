@@ -1,11 +1,11 @@
 """The training process that chapter 13 and its tests stop, kill and restart.
 
   python -m jaxloops.workers.checkpoint train mlp:DIR [transformer:DIR2 ...] --sizes JSON
-      --epochs 6 [--stop-at 3] [--every 1] [--out f.npz]
+      --epochs 6 [--stop-at 3] [--every 1] [--lost-at 2] [--out f.npz]
       for each run: resumes from the newest good checkpoint in DIR (if any), trains to
       --stop-at (default --epochs) saving every --every epochs; writes the final leaves of
       run i to --out as "i.params.dense_0.w", ...; on SIGTERM saves the epoch it is in and
-      exits with status 0
+      exits with status 0; with --lost-at E it SIGKILLs itself once epoch E's save has begun
   python -m jaxloops.workers.checkpoint mesh-save DIR --devices 8 --sizes JSON
   python -m jaxloops.workers.checkpoint mesh-restore DIR --devices 4 [--wait 60] --out f.npz
       save the MLP's initial state (params and optimizer state) split over 8 CPU devices
@@ -103,10 +103,12 @@ class Preempted(Exception):
 
 
 def train(model: str, run: Experiment, directory: str, stop_at: int, keep_last: int, slow: float,
-          every: int = 1):  # fmt: skip
+          every: int = 1, lost_at: int | None = None):  # fmt: skip
     """Resumes from `directory` if it holds a good checkpoint, trains to `stop_at`, saving
     every `every` epochs; on SIGTERM (a cluster's notice of preemption) saves the epoch it
-    is in at its end, whatever the interval, and raises Preempted."""
+    is in at its end, whatever the interval, and raises Preempted. With `lost_at`, the
+    process SIGKILLs itself the moment epoch `lost_at`'s save has begun: a machine lost
+    while its background write is under way, on any machine however busy."""
     import jaxloops
     from jaxloops import checkpoint
 
@@ -123,6 +125,9 @@ def train(model: str, run: Experiment, directory: str, stop_at: int, keep_last: 
 
     def hook(epoch, params, opt_state):
         save(epoch, params, opt_state)
+        if epoch == lost_at:
+            print(f"{model}: saving epoch {epoch}; the machine is lost", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no flush: the write is cut off
         if notices:
             manager.wait_until_finished()  # on disk before the process goes
             print(f"{model}: SIGTERM, saved epoch {epoch}", flush=True)
@@ -242,6 +247,7 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--keep-last", type=int, default=3)
     parser.add_argument("--every", type=int, default=1, help="train: the save interval")
     parser.add_argument("--slow", type=float, default=0.0, help="seconds to sleep per epoch")
+    parser.add_argument("--lost-at", type=int, default=None, help="train: SIGKILL itself mid-save")
     parser.add_argument("--devices", type=int, default=1, help="CPU devices (set by cpu_env)")
     parser.add_argument("--out", default=None, help=".npz file for the final leaves")
     parser.add_argument("--wait", type=float, default=0.0, help="mesh-restore: seconds to wait")
@@ -265,7 +271,8 @@ def main(argv=None) -> int:
                 runs[model] = experiment(model, sizes, jax.devices("cpu")[0])
             try:
                 state[str(i)] = train(
-                    model, runs[model], directory, stop_at, args.keep_last, args.slow, args.every
+                    model, runs[model], directory, stop_at, args.keep_last, args.slow, args.every,
+                    args.lost_at,
                 )
             except Preempted:
                 return 0  # saved: exit cleanly, as a cluster expects after SIGTERM
