@@ -271,7 +271,13 @@ def main(argv=None) -> int:
                 runs[model] = experiment(model, sizes, jax.devices("cpu")[0])
             try:
                 state[str(i)] = train(
-                    model, runs[model], directory, stop_at, args.keep_last, args.slow, args.every,
+                    model,
+                    runs[model],
+                    directory,
+                    stop_at,
+                    args.keep_last,
+                    args.slow,
+                    args.every,
                     args.lost_at,
                 )
             except Preempted:
