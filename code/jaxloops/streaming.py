@@ -259,15 +259,15 @@ def time_feeds(runs: Feeds, device_work, *, rounds: int):
 def feed_failures(measured: dict, predicted: dict, band: float) -> list[str]:
     """What the timed feeds contradict, each with its figures; empty when nothing does.
 
-    The on-device and streamed feeds must be within `band` (a fraction) of their
-    predictions. The prefetched one is held to what overlap can do at all, between full
+    The streamed feed must be within `band` (a fraction) of its prediction, h + d (the
+    on-device one is its own prediction, d: nothing to check). The prefetched one is held to what overlap can do at all, between full
     overlap, max(h, d), and none, h + d, widened by `band`: its prediction rests on core
     shares measured beside it, which on a shared machine move faster than they are measured.
     """
     h, d = measured["host_alone"], measured["on_device"]
     failures = [
         f"{name}: measured {1e3 * measured[name]:.2f} ms, predicted {1e3 * predicted[name]:.2f} ms"
-        for name in ("on_device", "streamed")
+        for name in ("streamed",)
         if abs(measured[name] / predicted[name] - 1) > band
     ]
     low, high = (1 - band) * max(h, d), (1 + band) * (h + d)
