@@ -260,9 +260,9 @@ def feed_failures(measured: dict, predicted: dict, band: float) -> list[str]:
     """What the timed feeds contradict, each with its figures; empty when nothing does.
 
     The streamed feed must be within `band` (a fraction) of its prediction, h + d (the
-    on-device one is its own prediction, d: nothing to check). The prefetched one is held to what overlap can do at all, between full
-    overlap, max(h, d), and none, h + d, widened by `band`: its prediction rests on core
-    shares measured beside it, which on a shared machine move faster than they are measured.
+    on-device one is its own prediction, d: nothing to check). The prefetched one is held to
+    what overlap can do at all, between full overlap, max(h, d), and none, h + d, widened by
+    `band`: its prediction rests on core shares measured before and after it, not during it.
     """
     h, d = measured["host_alone"], measured["on_device"]
     failures = [
