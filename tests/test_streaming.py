@@ -135,16 +135,21 @@ def test_the_prediction_overlaps_only_with_free_cores():
 
 
 def test_the_feed_checks_reject_a_wrong_prediction():
-    h, d = 0.004, 0.004
-    measured = {"host_alone": h, "on_device": d, "streamed": h + d, "prefetched": 1.1 * d}
-    right = streaming.predicted_feed_seconds(h, d, 1, 1.0, 1.0)
-    assert streaming.feed_failures(measured, right, 0.4) == []
-    # A streamed loop predicted to overlap (max(h, d)) when it serialises (h + d): 2x off.
-    wrong = {**right, "streamed": max(h, d)}
-    assert streaming.feed_failures(measured, wrong, 0.4)[0].startswith("streamed")
+    h, d, steps = 0.004, 0.004, 10  # seconds per batch and per step; a call is `steps` steps
+    rounds = lambda per_step, *slow: [steps * per_step * f for f in (1.0, *slow)]
+    right = {
+        "host_alone": rounds(h, 2.0, 1.0),
+        "on_device": rounds(d, 2.0, 1.0),
+        "streamed": rounds(h + d, 2.0, 1.0),
+        "prefetched": rounds(1.1 * d, 2.0, 1.0),
+    }
+    assert streaming.feed_failures(right, steps, 0.4) == []  # a round that slows every feed divides out
+    # A streamed loop that overlapped (max(h, d)) where h + d serialise: half the time.
+    overlapped = {**right, "streamed": rounds(max(h, d), 2.0, 1.0)}
+    assert streaming.feed_failures(overlapped, steps, 0.4)[0].startswith("streamed: 0.50")
     # A prefetched step faster than full overlap allows.
-    too_fast = {**measured, "prefetched": 0.5 * max(h, d)}
-    assert streaming.feed_failures(too_fast, right, 0.4)[0].startswith("prefetched")
+    too_fast = {**right, "prefetched": rounds(0.5 * max(h, d), 2.0, 1.0)}
+    assert streaming.feed_failures(too_fast, steps, 0.4)[0].startswith("prefetched")
 
 
 def test_idle_share_is_the_time_no_device_span_was_open():
