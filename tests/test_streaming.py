@@ -143,7 +143,8 @@ def test_the_feed_checks_reject_a_wrong_prediction():
         "streamed": rounds(h + d, 2.0, 1.0),
         "prefetched": rounds(1.1 * d, 2.0, 1.0),
     }
-    assert streaming.feed_failures(right, steps, 0.4) == []  # a round that slows every feed divides out
+    # A round that slows every feed divides out.
+    assert streaming.feed_failures(right, steps, 0.4) == []
     # A streamed loop that overlapped (max(h, d)) where h + d serialise: half the time.
     overlapped = {**right, "streamed": rounds(max(h, d), 2.0, 1.0)}
     assert streaming.feed_failures(overlapped, steps, 0.4)[0].startswith("streamed: 0.50")
