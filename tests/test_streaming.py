@@ -5,6 +5,7 @@ scripts/fetch_wheels.sh), so `pytest.importorskip` skips this module in its suit
 """
 
 import dataclasses
+import threading
 
 import numpy as np
 import pytest
@@ -172,3 +173,16 @@ def test_feeds_train_the_same_model_the_same_way(shards):
         for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(other), strict=True):
             np.testing.assert_array_equal(a, b)
     assert len(runs.host_alone()) == 5
+
+
+def test_a_python_thread_spins_beside_the_run_and_stops_with_it():
+    before = threading.active_count()
+    assert streaming.beside_a_python_thread(threading.active_count)() == before + 1
+    assert threading.active_count() == before
+
+    def fails():
+        raise ValueError("the run failed")
+
+    with pytest.raises(ValueError, match="the run failed"):
+        streaming.beside_a_python_thread(fails)()
+    assert threading.active_count() == before

@@ -10,6 +10,7 @@ then decodes each batch into the chapter-5 MLP's inputs: the T context character
 import dataclasses
 import itertools
 import pathlib
+import threading
 import zlib
 from typing import NamedTuple
 
@@ -188,6 +189,29 @@ def feeds(step, params, opt_state, dataset: grain.MapDataset, steps: int, device
             list(put(itertools.islice(unprefetched(dataset), steps)))
         ),
     )
+
+
+def beside_a_python_thread(run):
+    """`run` (a no-argument callable), with a pure-Python thread spinning beside it for the
+    whole call: a stand-in for a data pipeline's Python work on another thread, which holds
+    the interpreter's lock (the GIL) whenever it runs."""
+
+    def wrapped():
+        stop = threading.Event()
+
+        def spin():
+            while not stop.is_set():
+                pass
+
+        thread = threading.Thread(target=spin, daemon=True)
+        thread.start()
+        try:
+            return run()
+        finally:
+            stop.set()
+            thread.join()
+
+    return wrapped
 
 
 def idle_share(spans) -> float:
