@@ -245,8 +245,9 @@ def run_mlp(root) -> dict:
             run.key, *run.init(), run.train_step, run.data, batch_size=run.batch_size,
             epochs=EPOCHS, epochs_per_call=1,
         )  # fmt: skip
-        status, printed = killing.result().returncode, killing.result().stdout.splitlines()
+        killed = killing.result()
         term_status, term_printed = terminating.result()
+    status, printed = killed.returncode, killed.stdout.splitlines()
     unfinished = checkpoint.temporary_dirs(root / "killed")
     warned_steps = checkpoint.checkpoint_manager(root / "warned", keep_last=2).all_steps()
     finished = train_in_new_process(

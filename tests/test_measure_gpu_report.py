@@ -159,3 +159,16 @@ def test_a_file_at_the_default_path_renders_in_the_appendix(tmp_path, monkeypatc
 def test_an_absent_default_path_renders_the_statement(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_report, "RECORDED_RESULTS", tmp_path / "results" / "gpu" / "x.json")
     assert gpu_report.load_results() is None
+
+
+def test_a_gpu_run_gives_the_critical_batch_at_its_measured_and_published_rates():
+    run = {
+        "facts": {"device_kind": "NVIDIA H200"},
+        "ceilings": [{"name": "f32", "flops_per_s": 5e13}, {"name": "bf16", "flops_per_s": 6e14}],
+    }
+    published, measured = gpu_report.recorded_critical_batch(run)
+    assert published["critical B/n"] == f"{989.5e12 / 450e9:,.0f}" == "2,199"
+    assert measured["critical B/n"] == f"{6e14 / 450e9:,.0f}" == "1,333"  # bf16's row, not f32's
+    assert gpu_report.recorded_critical_batch(None) is None
+    assert gpu_report.recorded_critical_batch({**run, "facts": {"device_kind": "cpu"}}) is None
+    assert gpu_report.recorded_critical_batch({**run, "ceilings": run["ceilings"][:1]}) is None

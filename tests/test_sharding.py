@@ -162,19 +162,6 @@ def test_critical_batch_is_c_over_w_for_data_parallel_and_fsdp():
         comms.critical_batch(c, w, forward=-1, backward=2)
 
 
-def test_a_gpu_run_gives_the_critical_batch_at_its_measured_and_published_rates():
-    run = {
-        "facts": {"device_kind": "NVIDIA H200"},
-        "ceilings": [{"name": "f32", "flops_per_s": 5e13}, {"name": "bf16", "flops_per_s": 6e14}],
-    }
-    published, measured = comms.recorded_critical_batch(run)
-    assert published["critical B/n"] == f"{989.5e12 / 450e9:,.0f}" == "2,199"
-    assert measured["critical B/n"] == f"{6e14 / 450e9:,.0f}" == "1,333"  # bf16's row, not f32's
-    assert comms.recorded_critical_batch(None) is None
-    assert comms.recorded_critical_batch({**run, "facts": {"device_kind": "cpu"}}) is None
-    assert comms.recorded_critical_batch({**run, "ceilings": run["ceilings"][:1]}) is None
-
-
 def test_the_roofline_crosses_at_the_critical_batch():
     x = np.geomspace(10, 1e5, 500)
     compute, comm = comms.phase_times(x, 6e12, 1e9, flops=4, passes=2)

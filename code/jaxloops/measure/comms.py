@@ -200,33 +200,3 @@ def width_times(widths, flops_per_s, bytes_per_s, model: int, *, flops: int, red
     width = np.asarray(widths, dtype=np.float64) / model
     passes = reductions * 2 * (model - 1) / model
     return phase_times(width, flops_per_s, bytes_per_s, flops=flops, passes=passes)
-
-
-def recorded_critical_batch(results: dict | None) -> list[dict] | None:
-    """Chapter 12's critical batch C / W (data parallel and FSDP alike) for the board of a GPU
-    run, twice: with the board's published bfloat16 peak for C, and with the bfloat16 matmul
-    ceiling the run measured. W is the published ring bandwidth: one GPU has no link to
-    time. None where there is no run, no bf16 ceiling, or no published figures for the board.
-    """
-    from jaxloops.measure import published
-
-    if not results:
-        return None
-    peaks = published.published_peaks(results.get("facts", {}).get("device_kind", ""))
-    measured = next((row.get("flops_per_s") for row in results.get("ceilings", [])
-                     if row.get("name") == "bf16"), None)  # fmt: skip
-    if peaks is None or peaks.ring_bytes_per_s is None or not measured:
-        return None
-    link = peaks.ring_bytes_per_s
-    return [
-        {
-            "C from": source,
-            "bf16 TFLOP/s": flops / 1e12,
-            "ring GB/s (published)": link / 1e9,
-            "critical B/n": f"{critical_batch(flops, link, forward=0, backward=2):,.0f}",
-        }
-        for source, flops in (
-            (f"{peaks.board}, published", peaks.bf16_flops_per_s),
-            ("this run's bf16 matmul ceiling", measured),
-        )
-    ]

@@ -7,6 +7,7 @@ build's own figures, labelled with the device and date it was measured on.
 import json
 import pathlib
 
+from jaxloops.measure.comms import critical_batch
 from jaxloops.measure.published import PublishedPeaks, published_peaks
 from jaxloops.measure.render import markdown_table
 
@@ -142,6 +143,33 @@ def ceiling(results: dict, name: str) -> float | None:
         if row["name"] == name and row.get("flops_per_s"):
             return row["flops_per_s"]
     return None
+
+
+def recorded_critical_batch(results: dict | None) -> list[dict] | None:
+    """Chapter 12's critical batch C / W (data parallel and FSDP alike) for the board of a GPU
+    run, twice: with the board's published bfloat16 peak for C, and with the bfloat16 matmul
+    ceiling the run measured. W is the published ring bandwidth: one GPU has no link to
+    time. None where there is no run, no bf16 ceiling, or no published figures for the board.
+    """
+    if not results:
+        return None
+    peaks = published_peaks(results["facts"]["device_kind"])
+    measured = ceiling(results, "bf16")
+    if peaks is None or peaks.ring_bytes_per_s is None or measured is None:
+        return None
+    link = peaks.ring_bytes_per_s
+    return [
+        {
+            "C from": source,
+            "bf16 TFLOP/s": flops / 1e12,
+            "ring GB/s (published)": link / 1e9,
+            "critical B/n": f"{critical_batch(flops, link, forward=0, backward=2):,.0f}",
+        }
+        for source, flops in (
+            (f"{peaks.board}, published", peaks.bf16_flops_per_s),
+            ("this run's bf16 matmul ceiling", measured),
+        )
+    ]
 
 
 def roofline_for_goals(results: dict) -> tuple[PublishedPeaks | None, str]:
