@@ -5,7 +5,6 @@ scripts/fetch_wheels.sh), so `pytest.importorskip` skips this module in its suit
 """
 
 import dataclasses
-import threading
 
 import numpy as np
 import pytest
@@ -175,14 +174,21 @@ def test_feeds_train_the_same_model_the_same_way(shards):
     assert len(runs.host_alone()) == 5
 
 
-def test_a_python_thread_spins_beside_the_run_and_stops_with_it():
-    before = threading.active_count()
-    assert streaming.beside_a_python_thread(threading.active_count)() == before + 1
-    assert threading.active_count() == before
+def test_warm_prefetch_feeds_the_same_batches_from_threads_and_from_a_worker_process(shards):
+    """Both started iterators skip the first batch (taken to start them) and then feed
+    batches 1 .. steps: the loop over those batches, on the device, gives the same params."""
+    from jaxloops import experiment_sizes
+    from jaxloops.loop import python_loop
 
-    def fails():
-        raise ValueError("the run failed")
-
-    with pytest.raises(ValueError, match="the run failed"):
-        streaming.beside_a_python_thread(fails)()
-    assert threading.active_count() == before
+    sizes = dataclasses.replace(
+        experiment_sizes("cpu").streaming, context=CONTEXT, hidden=(11,), batch_size=BATCH
+    )
+    run = streaming.stream_run(shards, sizes)
+    params, opt_state = run.init()
+    device = jax.devices()[0]
+    batches = [jax.device_put(run.dataset[i], device) for i in (1, 2, 3)]
+    want = python_loop(jax.jit(run.train_step), params, opt_state, batches, 1)[0]
+    with streaming.warm_prefetch(run.train_step, params, opt_state, run.dataset, 3, device) as warm:
+        for name in ("threads", "process"):
+            for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(warm[name]()), strict=True):
+                np.testing.assert_array_equal(a, b)

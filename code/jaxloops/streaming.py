@@ -7,10 +7,11 @@ then decodes each batch into the chapter-5 MLP's inputs: the T context character
 (B, T * V) float32, and the character that follows, (B,), as the class (C = V).
 """
 
+import contextlib
 import dataclasses
+import functools
 import itertools
 import pathlib
-import threading
 import zlib
 from typing import NamedTuple
 
@@ -191,27 +192,44 @@ def feeds(step, params, opt_state, dataset: grain.MapDataset, steps: int, device
     )
 
 
-def beside_a_python_thread(run):
-    """`run` (a no-argument callable), with a pure-Python thread spinning beside it for the
-    whole call: a stand-in for a data pipeline's Python work on another thread, which holds
-    the interpreter's lock (the GIL) whenever it runs."""
+def in_a_worker_process(dataset: grain.MapDataset, buffer: int = 2) -> grain.DatasetIterator:
+    """An iterator of host batches made in one worker process (Grain's `mp_prefetch`), up to
+    `buffer` ahead: the pipeline's Python runs under that process's interpreter lock, not
+    under the loop's. The worker starts on the first `next()` and stops when the iterator
+    is garbage-collected."""
+    from absl import flags  # Grain reads its options as absl flags, unparsed in a notebook
 
-    def wrapped():
-        stop = threading.Event()
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    options = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+    workers = grain.MultiprocessingOptions(num_workers=1, per_worker_buffer_size=buffer)
+    return iter(dataset.to_iter_dataset(options).mp_prefetch(workers))
 
-        def spin():
-            while not stop.is_set():
-                pass
 
-        thread = threading.Thread(target=spin, daemon=True)
-        thread.start()
-        try:
-            return run()
-        finally:
-            stop.set()
-            thread.join()
+@contextlib.contextmanager
+def warm_prefetch(step, params, opt_state, dataset: grain.MapDataset, steps: int, device):
+    """The GIL control of the prefetch experiment: two iterators over the stream repeated
+    without end, started (first batch taken) before any timing, from which each call takes
+    its next `steps` batches and drives `steps` steps of the jitted `step`, reading the loss
+    every step: "threads" (`prefetched`) and "process" (`in_a_worker_process`, its batches
+    copied to the device by the loop). Yields {name: () -> final params}; closes both
+    iterators (stopping the worker) on leaving."""
+    jitted = jax.jit(step)
+    endless = dataset.repeat()
+    iterators = {"threads": prefetched(endless, device), "process": in_a_worker_process(endless)}
+    put = {"threads": lambda batch: batch, "process": lambda batch: jax.device_put(batch, device)}
 
-    return wrapped
+    def run(name):
+        batches = (put[name](batch) for batch in itertools.islice(iterators[name], steps))
+        return python_loop(jitted, params, opt_state, batches, 1)[0]
+
+    try:
+        for iterator in iterators.values():
+            next(iterator)  # the worker and the threads started, their buffers filling
+        yield {name: functools.partial(run, name) for name in iterators}
+    finally:
+        for iterator in iterators.values():
+            iterator.close()
 
 
 def idle_share(spans) -> float:
