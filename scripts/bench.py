@@ -5,8 +5,9 @@ ceiling, at chapter 11's size and at a larger one (`make bench`). A benchmark, n
 
 --control also times the step with `textbook_attention` (chapter 11's control) and, with
 --breakdown, gives each group's traced time in it: the before/after table of issue 26.
-Each size also runs in two fresh processes, with glibc's 4 KiB pages and with huge pages
-(`step_speed.rates_in_fresh_process`), where the machine can contrast them.
+Each size also runs in a fresh process with each of `step_speed.ALLOCATORS` (glibc's
+defaults, huge pages, memory kept: `step_speed.rates_in_fresh_process`), where the machine
+can contrast them.
 """
 
 import argparse
@@ -47,9 +48,9 @@ def main() -> None:
               f"{row['ceiling'] / 1e9:8.1f} {row['of_ceiling']:10.1%} "
               f"{row['gradient_over_forward']:8.2f}")  # fmt: skip
         if step_speed.huge_pages_contrast() is None and jax.default_backend() == "cpu":
-            for huge in (False, True):
-                r = step_speed.rates_in_fresh_process(sizes, args.rounds, huge)
-                print(f"    fresh process, hugetlb={int(huge)}: {r['tokens_per_s']:9,.0f} tokens/s "
+            for kind in step_speed.ALLOCATORS:
+                r = step_speed.rates_in_fresh_process(sizes, args.rounds, kind)
+                print(f"    fresh process, {kind:11s}: {r['tokens_per_s']:9,.0f} tokens/s "
                       f"{r['flops_per_s'] / 1e9:6.1f} GFLOP/s {r['of_ceiling']:6.1%} of "
                       f"{r['ceiling'] / 1e9:.1f}, grad/fwd {r['gradient_over_forward']:.2f}, "
                       f"{r['faults']:,.0f} page faults per step")  # fmt: skip

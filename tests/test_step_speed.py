@@ -138,14 +138,35 @@ def test_huge_pages_contrast_needs_glibc_2_35_and_madvise_mode(monkeypatch, tmp_
 
 def test_the_page_fault_findings_fail_each_claim_that_the_figures_contradict():
     temp = 4096 * 1000  # 1,000 pages of temporaries
-    small = {"faults": 1000.0, "seconds": {"step": 0.010}, "of_ceiling": 0.3}
-    huge = {"faults": 20.0, "seconds": {"step": 0.008}, "of_ceiling": 0.4}
-    failed, paragraph = step_speed.huge_pages_findings(1000.0, temp, small, huge)
+    small = {"faults": 1000.0, "seconds": {"step": 0.010}, "of_ceiling": 0.3,
+             "gradient_over_forward": 5.0}  # fmt: skip
+    huge = {**small, "faults": 20.0, "seconds": {"step": 0.008}, "of_ceiling": 0.4}
+    kept = {**small, "faults": 0.0, "seconds": {"step": 0.007}, "gradient_over_forward": 3.0}
+    runs = {"4 KiB pages": small, "huge pages": huge, "memory kept": kept}
+    failed, paragraph = step_speed.allocator_findings(1000.0, temp, runs)
     assert failed == [] and "1,000 times" in paragraph and "20 faults" in paragraph
     assert "2.04 µs per fault" in paragraph  # 2 ms saved over 980 faults
-    assert len(step_speed.huge_pages_findings(3000.0, temp, small, huge)[0]) == 1  # 3 per page
-    assert (
-        len(step_speed.huge_pages_findings(1000.0, temp, small, {**huge, "faults": 200.0})[0]) == 1
-    )
-    slow = {**huge, "seconds": {"step": 0.0099}}  # 1 % faster only
-    assert len(step_speed.huge_pages_findings(1000.0, temp, small, slow)[0]) == 1
+    assert "allocator took 30% of the" in paragraph and "0 faults and 0.0070 s" in paragraph
+    assert len(step_speed.allocator_findings(3000.0, temp, runs)[0]) == 1  # 3 per page
+    for kind, wrong in [
+        ("huge pages", {"faults": 200.0}),  # only 5x fewer
+        ("huge pages", {"seconds": {"step": 0.0099}}),  # 1 % faster only
+        ("memory kept", {"faults": 20.0}),  # 2 %: memory handed back
+        ("memory kept", {"seconds": {"step": 0.0099}}),
+        ("memory kept", {"gradient_over_forward": 4.5}),  # 0.9x the default's
+    ]:
+        assert (
+            len(
+                step_speed.allocator_findings(
+                    1000.0, temp, {**runs, kind: {**runs[kind], **wrong}}
+                )[0]
+            )
+            == 1
+        )
+
+
+def test_an_unknown_allocator_is_refused_by_name():
+    with pytest.raises(
+        ValueError, match="allocator must be one of .*'4 KiB pages'.*got 'tcmalloc'"
+    ):
+        step_speed.rates_in_fresh_process((1,) * 7, 1, "tcmalloc")

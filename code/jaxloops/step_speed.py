@@ -7,7 +7,8 @@ Page faults: XLA's CPU runtime takes each call's temporaries from `malloc` and f
 its end. glibc serves a block above its mmap threshold (32 MiB at most) with fresh pages from
 the kernel, which zeroes each one the first time it is touched: a minor page fault per page.
 `page_faults` counts them per call; `rates_in_fresh_process` measures the step in a new
-process whose glibc asks for transparent huge pages (2 MiB each) or not, nothing else changed.
+process with one of the `ALLOCATORS`: glibc's defaults, transparent huge pages (2 MiB each),
+or memory kept (nothing handed back to the kernel), nothing else changed.
 """
 
 import functools
@@ -36,6 +37,15 @@ from jaxloops.transformer import TransformerConfig, init_transformer, transforme
 
 PROGRAMS = ("forward", "gradient", "step")
 HUGE_PAGES = "glibc.malloc.hugetlb"  # glibc >= 2.35: 1 = malloc madvises transparent huge pages
+# The glibc tunables (GLIBC_TUNABLES) of each kind of fresh process.
+ALLOCATORS = {
+    "4 KiB pages": {HUGE_PAGES: "0"},  # glibc's default
+    "huge pages": {HUGE_PAGES: "1"},
+    # Nothing handed back: no block mmap'd on its own, the heap never trimmed (below 4 GiB
+    # free), one heap for every thread (each thread's own heap is mmap'd and trimmed apart).
+    "memory kept": {HUGE_PAGES: "0", "glibc.malloc.mmap_max": "0",
+                    "glibc.malloc.trim_threshold": str(2**32), "glibc.malloc.arena_max": "1"},
+}  # fmt: skip
 _THP = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
@@ -194,18 +204,19 @@ def with_tunable(tunables: str, name: str, value: str) -> str:
 
 
 def rates_in_fresh_process(
-    sizes: tuple[int, ...], rounds: int, huge_pages: bool, env: dict | None = None
+    sizes: tuple[int, ...], rounds: int, allocator: str, env: dict | None = None
 ) -> dict:
     """`step_rates` and `page_faults` of the train step at `sizes`, measured in a new process
-    (`jaxloops.workers.step_speed`) whose glibc asks for huge pages or not
-    (GLIBC_TUNABLES glibc.malloc.hugetlb = 1 or 0); the same environment otherwise (`env`,
-    default this process's), so it shares this build's roofline. Returns the worker's JSON,
-    plus "wall": its seconds."""
+    (`jaxloops.workers.step_speed`) whose glibc is given the tunables of `allocator` (a name
+    in `ALLOCATORS`); the same environment otherwise (`env`, default this process's), so it
+    shares this build's roofline. Returns the worker's JSON, plus "wall": its seconds."""
     from jaxloops import workers
 
+    if allocator not in ALLOCATORS:
+        raise ValueError(f"allocator must be one of {list(ALLOCATORS)}, got {allocator!r}")
     env = dict(os.environ if env is None else env, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    env["GLIBC_TUNABLES"] = with_tunable(env.get("GLIBC_TUNABLES", ""), HUGE_PAGES,
-                                         "1" if huge_pages else "0")  # fmt: skip
+    for name, value in ALLOCATORS[allocator].items():
+        env["GLIBC_TUNABLES"] = with_tunable(env.get("GLIBC_TUNABLES", ""), name, value)
     sizes_arg = ",".join(str(int(n)) for n in sizes)
     start = time.perf_counter()
     done = subprocess.run(workers.command("step_speed", "--sizes", sizes_arg, "--rounds", rounds),
@@ -216,17 +227,21 @@ def rates_in_fresh_process(
     return {**result, "wall": time.perf_counter() - start}
 
 
-def huge_pages_findings(faults: float, temp_bytes: int, small: dict, huge: dict):
+def allocator_findings(faults: float, temp_bytes: int, runs: dict):
     """Chapter 11's page-fault claims against the figures: (the claims they contradict, the
     paragraph that reports them).
 
     faults: page faults per step measured in this process; temp_bytes: the step's
-    temporaries; small, huge: `rates_in_fresh_process` with 4 KiB pages and with huge pages.
+    temporaries; runs: `allocator_runs`, one result per name of `ALLOCATORS`.
     The claims: about one fault per 4 KiB page of the temporaries (measured/predicted between
-    0.5 and 2), at least 10x fewer faults with huge pages, and a step at least 5 % faster.
+    0.5 and 2); with huge pages at least 10x fewer faults and a step at least 5 % faster;
+    with memory kept under 1 % of the faults, a step at least 5 % faster, and the gradient
+    under 0.8 times as many forward passes as with glibc's defaults.
     """
+    small, huge, kept = (runs[name] for name in ALLOCATORS)
     pages = temp_bytes / 4096
-    s, h = small["seconds"]["step"], huge["seconds"]["step"]
+    s, h, k = (r["seconds"]["step"] for r in (small, huge, kept))
+    ratio = {name: r["gradient_over_forward"] for name, r in runs.items()}
     claims = {
         f"one fault per page: {faults:,.0f} faults for {pages:,.0f} pages": 0.5
         < faults / pages
@@ -234,42 +249,53 @@ def huge_pages_findings(faults: float, temp_bytes: int, small: dict, huge: dict)
         f"10x fewer faults: {small['faults']:,.0f} -> {huge['faults']:,.0f}": (
             huge["faults"] < small["faults"] / 10
         ),
-        f"a step 5 % faster: {s:.4f} s -> {h:.4f} s": h < 0.95 * s,
+        f"a step 5 % faster with huge pages: {s:.4f} s -> {h:.4f} s": h < 0.95 * s,
+        f"under 1 % of the faults kept: {small['faults']:,.0f} -> {kept['faults']:,.0f}": (
+            kept["faults"] < small["faults"] / 100
+        ),
+        f"a step 5 % faster kept: {s:.4f} s -> {k:.4f} s": k < 0.95 * s,
+        f"gradient / forward 0.8x kept: {ratio}": ratio["memory kept"] < 0.8 * ratio["4 KiB pages"],
     }
     per_fault = 1e6 * (s - h) / max(small["faults"] - huge["faults"], 1)
     paragraph = (
         "In the median fresh process of each kind, with 4 KiB pages the step faulted "
         f"{small['faults']:,.0f} times and took {s:.4f} s ({small['of_ceiling']:.0%} of the "
         "ceiling); with huge pages, "
-        f"{huge['faults']:,.0f} faults and {h:.4f} s ({huge['of_ceiling']:.0%}). The allocator "
-        f"alone took {(s - h) / s:.0%} of the step's time, about {per_fault:.2f} µs per fault "
-        "saved. The page asserts a measured/predicted fault count between 0.5 and 2, the "
-        "tenfold drop in faults and a step at least 5 % faster."
+        f"{huge['faults']:,.0f} faults and {h:.4f} s ({huge['of_ceiling']:.0%}), about "
+        f"{per_fault:.2f} µs per fault saved; with memory kept, {kept['faults']:,.0f} faults "
+        f"and {k:.4f} s ({kept['of_ceiling']:.0%}). The allocator took {(s - k) / s:.0%} of the "
+        "default step's time. The gradient took "
+        f"{ratio['4 KiB pages']:.2f} times the forward pass with glibc's defaults and "
+        f"{ratio['memory kept']:.2f} with memory kept. The page asserts a measured/predicted "
+        "fault count between 0.5 and 2; with huge pages, the tenfold drop in faults and a step "
+        "at least 5 % faster; with memory kept, under 1 % of the faults, a step at least 5 % "
+        "faster and a gradient under 0.8 times as many forward passes."
     )
     return [claim for claim, holds in claims.items() if not holds], paragraph
 
 
-def huge_pages_runs(sizes: tuple[int, ...], rounds: int, processes: int = 3) -> dict:
-    """`rates_in_fresh_process` with 4 KiB pages and with huge pages, `processes` of each,
-    taking turns (small, huge, small, huge, ...) and sharing one persistent compilation cache
-    (the allocator does not change the program, so only the first process compiles).
+def allocator_runs(sizes: tuple[int, ...], rounds: int, processes: int = 3) -> dict:
+    """`rates_in_fresh_process` with each of the `ALLOCATORS`, `processes` of each, taking
+    turns (4 KiB pages, huge pages, memory kept, 4 KiB pages, ...) and sharing one persistent
+    compilation cache (the allocator does not change the program, so only the first process
+    compiles).
 
-    Returns {False: small, True: huge}: for each, the result of its process with the median
-    step time, plus "steps": every process's step seconds in order. One process slowed by
-    something outside it (seen once in a build: +41 %) then decides nothing.
+    Returns {allocator: the result of its process with the median step time, plus "steps":
+    every process's step seconds in order}. One process slowed by something outside it
+    (seen once in a build: +41 %) then decides nothing.
     """
     if processes < 1 or processes % 2 == 0:
         raise ValueError(f"processes must be odd and >= 1 (a median), got {processes}")
-    runs = {False: [], True: []}
+    runs = {name: [] for name in ALLOCATORS}
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache,
                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")  # fmt: skip
         for _ in range(processes):
-            for huge in (False, True):
-                runs[huge].append(rates_in_fresh_process(sizes, rounds, huge, env))
+            for name in ALLOCATORS:
+                runs[name].append(rates_in_fresh_process(sizes, rounds, name, env))
     chosen = {}
-    for huge, results in runs.items():
+    for name, results in runs.items():
         steps = [r["seconds"]["step"] for r in results]
         median = sorted(results, key=lambda r: r["seconds"]["step"])[processes // 2]
-        chosen[huge] = {**median, "steps": steps}
+        chosen[name] = {**median, "steps": steps}
     return chosen
