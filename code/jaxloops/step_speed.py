@@ -204,12 +204,17 @@ def with_tunable(tunables: str, name: str, value: str) -> str:
 
 
 def rates_in_fresh_process(
-    sizes: tuple[int, ...], rounds: int, allocator: str, env: dict | None = None
+    sizes: tuple[int, ...],
+    rounds: int,
+    allocator: str,
+    env: dict | None = None,
+    breakdown: bool = False,
 ) -> dict:
-    """`step_rates` and `page_faults` of the train step at `sizes`, measured in a new process
-    (`jaxloops.workers.step_speed`) whose glibc is given the tunables of `allocator` (a name
-    in `ALLOCATORS`); the same environment otherwise (`env`, default this process's), so it
-    shares this build's roofline. Returns the worker's JSON, plus "wall": its seconds."""
+    """`step_rates` and `page_faults` of the train step at `sizes` (and with `breakdown` its
+    `step_breakdown`, as "groups"), measured in a new process (`jaxloops.workers.step_speed`)
+    whose glibc is given the tunables of `allocator` (a name in `ALLOCATORS`); the same
+    environment otherwise (`env`, default this process's), so it shares this build's
+    roofline. Returns the worker's JSON, plus "wall": its seconds."""
     from jaxloops import workers
 
     if allocator not in ALLOCATORS:
@@ -219,8 +224,9 @@ def rates_in_fresh_process(
         env["GLIBC_TUNABLES"] = with_tunable(env.get("GLIBC_TUNABLES", ""), name, value)
     sizes_arg = ",".join(str(int(n)) for n in sizes)
     start = time.perf_counter()
-    done = subprocess.run(workers.command("step_speed", "--sizes", sizes_arg, "--rounds", rounds),
-                          env=env, capture_output=True, text=True, check=False)  # fmt: skip
+    command = workers.command("step_speed", "--sizes", sizes_arg, "--rounds", rounds)
+    command += ["--breakdown"] if breakdown else []
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the step-speed worker failed:\n{done.stderr[-2000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -274,11 +280,13 @@ def allocator_findings(faults: float, temp_bytes: int, runs: dict):
     return [claim for claim, holds in claims.items() if not holds], paragraph
 
 
-def allocator_runs(sizes: tuple[int, ...], rounds: int, processes: int = 3) -> dict:
+def allocator_runs(
+    sizes: tuple[int, ...], rounds: int, processes: int = 3, breakdown: str | None = None
+) -> dict:
     """`rates_in_fresh_process` with each of the `ALLOCATORS`, `processes` of each, taking
     turns (4 KiB pages, huge pages, memory kept, 4 KiB pages, ...) and sharing one persistent
     compilation cache (the allocator does not change the program, so only the first process
-    compiles).
+    compiles); the processes of kind `breakdown` also trace the step's groups.
 
     Returns {allocator: the result of its process with the median step time, plus "steps":
     every process's step seconds in order}. One process slowed by something outside it
@@ -292,7 +300,8 @@ def allocator_runs(sizes: tuple[int, ...], rounds: int, processes: int = 3) -> d
                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")  # fmt: skip
         for _ in range(processes):
             for name in ALLOCATORS:
-                runs[name].append(rates_in_fresh_process(sizes, rounds, name, env))
+                traced = name == breakdown
+                runs[name].append(rates_in_fresh_process(sizes, rounds, name, env, traced))
     chosen = {}
     for name, results in runs.items():
         steps = [r["seconds"]["step"] for r in results]
