@@ -196,7 +196,7 @@ def in_a_worker_process(dataset: grain.MapDataset, buffer: int = 2) -> grain.Dat
     """An iterator of host batches made in one worker process (Grain's `mp_prefetch`), up to
     `buffer` ahead: the pipeline's Python runs under that process's interpreter lock, not
     under the loop's. The worker starts on the first `next()` and stops when the iterator
-    is garbage-collected."""
+    is closed (`close()`) or garbage-collected."""
     from absl import flags  # Grain reads its options as absl flags, unparsed in a notebook
 
     if not flags.FLAGS.is_parsed():
