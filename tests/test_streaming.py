@@ -5,6 +5,7 @@ scripts/fetch_wheels.sh), so `pytest.importorskip` skips this module in its suit
 """
 
 import dataclasses
+import multiprocessing
 
 import numpy as np
 import pytest
@@ -189,6 +190,8 @@ def test_warm_prefetch_feeds_the_same_batches_from_threads_and_from_a_worker_pro
     batches = [jax.device_put(run.dataset[i], device) for i in (1, 2, 3)]
     want = python_loop(jax.jit(run.train_step), params, opt_state, batches, 1)[0]
     with streaming.warm_prefetch(run.train_step, params, opt_state, run.dataset, 3, device) as warm:
+        assert len(multiprocessing.active_children()) == 1  # the worker, started
         for name in ("threads", "process"):
             for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(warm[name]()), strict=True):
                 np.testing.assert_array_equal(a, b)
+    assert multiprocessing.active_children() == []  # stopped on leaving
