@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import itertools
 import pathlib
-import time
 import zlib
 from typing import NamedTuple
 
@@ -207,21 +206,14 @@ def in_a_worker_process(dataset: grain.MapDataset, buffer: int = 2) -> grain.Dat
     return iter(dataset.to_iter_dataset(options).mp_prefetch(workers))
 
 
-class WarmFeeds(NamedTuple):
-    """What `warm_prefetch` yields, per feed name ("threads", "process")."""
-
-    runs: dict  # () -> final params: the next `steps` batches, one step each
-    take: dict  # () -> one batch on the device, waited for: what the loop does per batch
-
-
 @contextlib.contextmanager
 def warm_prefetch(step, params, opt_state, dataset: grain.MapDataset, steps: int, device):
     """The GIL control of the prefetch experiment: two iterators over the stream repeated
-    without end, started (first batch taken) before any timing: "threads" (`prefetched`)
-    and "process" (`in_a_worker_process`, its batches copied to the device by the loop).
-    Each of `runs` takes the next `steps` batches and drives `steps` steps of the jitted
-    `step`, reading the loss every step; each of `take` takes one batch as the loop does.
-    Yields `WarmFeeds`; closes both iterators (stopping the worker) on leaving."""
+    without end, started (first batch taken) before any timing, from which each call takes
+    its next `steps` batches and drives `steps` steps of the jitted `step`, reading the loss
+    every step: "threads" (`prefetched`) and "process" (`in_a_worker_process`, its batches
+    copied to the device by the loop). Yields {name: () -> final params}; closes both
+    iterators (stopping the worker) on leaving."""
     jitted = jax.jit(step)
     endless = dataset.repeat()
     iterators = {"threads": prefetched(endless, device), "process": in_a_worker_process(endless)}
@@ -231,32 +223,13 @@ def warm_prefetch(step, params, opt_state, dataset: grain.MapDataset, steps: int
         batches = (put[name](batch) for batch in itertools.islice(iterators[name], steps))
         return python_loop(jitted, params, opt_state, batches, 1)[0]
 
-    def take(name):
-        return jax.block_until_ready(put[name](next(iterators[name])))
-
     try:
         for iterator in iterators.values():
             next(iterator)  # the worker and the threads started, their buffers filling
-        yield WarmFeeds(*({name: functools.partial(f, name) for name in iterators}
-                          for f in (run, take)))  # fmt: skip
+        yield {name: functools.partial(run, name) for name in iterators}
     finally:
         for iterator in iterators.values():
             iterator.close()
-
-
-def ready_batch_seconds(take, *, tries: int, pause: float = 0.03) -> float:
-    """Median seconds of `take()` (one of `WarmFeeds.take`) when its batch is already made:
-    each try waits `pause` seconds first, in which the iterator's buffer fills. This is the
-    loop's own time per batch in a prefetched loop, spent before the step it feeds."""
-    if tries < 1 or pause < 0:
-        raise ValueError(f"need tries >= 1 and pause >= 0, got {tries}, {pause}")
-    seconds = []
-    for _ in range(tries):
-        time.sleep(pause)
-        start = time.perf_counter()
-        take()
-        seconds.append(time.perf_counter() - start)
-    return float(np.median(seconds))
 
 
 def idle_share(spans) -> float:
