@@ -107,8 +107,9 @@ def train(model: str, run: Experiment, directory: str, stop_at: int, keep_last: 
     """Resumes from `directory` if it holds a good checkpoint, trains to `stop_at`, saving
     every `every` epochs; on SIGTERM (a cluster's notice of preemption) saves the epoch it
     is in at its end, whatever the interval, and raises Preempted. With `lost_at`, the
-    process SIGKILLs itself the moment epoch `lost_at`'s save has begun: a machine lost
-    while its background write is under way, on any machine however busy."""
+    process SIGKILLs itself the moment epoch `lost_at`'s save is seen writing (its
+    temporary directory exists): a machine lost while its background write is under way,
+    on any machine however busy."""
     import jaxloops
     from jaxloops import checkpoint
 
@@ -126,6 +127,12 @@ def train(model: str, run: Experiment, directory: str, stop_at: int, keep_last: 
     def hook(epoch, params, opt_state):
         save(epoch, params, opt_state)
         if epoch == lost_at:
+            # orbax may create the step's temporary directory on its background thread: wait
+            # until the write is visibly under way (a 43-86 ms write, polled every 0.5 ms).
+            writing = pathlib.Path(directory) / f"{epoch}{checkpoint.TMP_SUFFIX}"
+            deadline = time.monotonic() + 10.0
+            while not writing.exists() and time.monotonic() < deadline:
+                time.sleep(0.0005)
             print(f"{model}: saving epoch {epoch}; the machine is lost", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no flush: the write is cut off
         if notices:
