@@ -125,15 +125,16 @@ def train(model: str, run: Experiment, directory: str, stop_at: int, keep_last: 
     save = checkpoint.checkpoint_hook(manager, key, force=lambda: bool(notices))
 
     def hook(epoch, params, opt_state):
+        if epoch == lost_at:  # said first: a write to the parent's pipe may yield the core
+            print(f"{model}: saving epoch {epoch}; the machine is lost", flush=True)
         save(epoch, params, opt_state)
         if epoch == lost_at:
-            # orbax may create the step's temporary directory on its background thread: wait
-            # until the write is visibly under way (a 43-86 ms write, polled every 0.5 ms).
+            # The kill must land within the background write (43-86 ms): at once, once its
+            # temporary directory exists (orbax may make it on its own thread).
             writing = pathlib.Path(directory) / f"{epoch}{checkpoint.TMP_SUFFIX}"
             deadline = time.monotonic() + 10.0
             while not writing.exists() and time.monotonic() < deadline:
                 time.sleep(0.0005)
-            print(f"{model}: saving epoch {epoch}; the machine is lost", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no flush: the write is cut off
         if notices:
             manager.wait_until_finished()  # on disk before the process goes
