@@ -100,7 +100,7 @@ def test_decode_figures_divide_the_right_rows():
 
 def test_floor_figures_leave_out_caches_that_fit_in_the_last_level_cache():
     rows = sweep_rows({(8, 64): 1e-9, (8, 256): 1.0})  # 8 KiB: impossibly fast; 32 KiB: slow
-    figures = decode_figures.floor_figures(rows, 8192, 256, 8, 0.03)
+    figures = decode_figures.floor_figures(rows, 8192, 256, 8)
     assert figures["floor_rows"] == 1 and figures["floor_worst_S"] == 256
     assert figures["floor_worst"] < 1 and "S = 64" in figures["cache_note"]
     slow = next(r for r in rows if r["S"] == 256)  # 32 KiB, 8 KiB of it from the cache at best
@@ -109,12 +109,12 @@ def test_floor_figures_leave_out_caches_that_fit_in_the_last_level_cache():
         slow["predicted"] / slow["seconds"] * (1 - 8192 / cache)
     )
     quick = [{**r, "seconds": r["predicted"] / 1.2} if r["S"] == 256 else r for r in rows]
-    beaten = decode_figures.floor_figures(quick, 8192, 256, 8, 0.03)["floor_worst"]
+    beaten = decode_figures.floor_figures(quick, 8192, 256, 8)["floor_worst"]
     assert beaten == pytest.approx(1.2 * (1 - 8192 / cache))  # 1.2x the whole read's floor
-    unfiltered = decode_figures.floor_figures(rows, None, 64, 8, 0.03)  # the fast row is judged
+    unfiltered = decode_figures.floor_figures(rows, None, 64, 8)  # the fast row is judged
     assert unfiltered["floor_worst"] > 1 and unfiltered["cache_note"] == ""
     with pytest.raises(ValueError, match="S = 128"):
-        decode_figures.floor_figures(rows, 2**30, 128, 8, 0.03)
+        decode_figures.floor_figures(rows, 2**30, 128, 8)
 
 
 def test_layout_figures_pair_samples_call_by_call():
@@ -159,11 +159,11 @@ def test_a_last_level_cache_larger_than_every_cache_judges_the_longest_steps():
     """A processor whose last-level cache holds every cache (and the floor's read): the steps
     at the longest S are judged, as where no cache size is known, and left out of the note."""
     rows = sweep_rows({(8, 64): 1e-9, (8, 256): 1.0})
-    figures = decode_figures.floor_figures(rows, 2**30, 256, 8, 0.03)
+    figures = decode_figures.floor_figures(rows, 2**30, 256, 8)
     assert figures["floor_rows"] == 1 and figures["floor_worst_S"] == 256
     assert "no cache here is larger" in figures["floor_where"]
     assert figures["floor_margin"] == decode_figures.IN_CACHE_MARGIN == 0.25  # not 0.03
-    assert decode_figures.floor_figures(rows, 8192, 256, 8, 0.03)["floor_margin"] == 0.03
+    assert decode_figures.floor_figures(rows, 8192, 256, 8)["floor_margin"] == 0.03
     assert "S = 64" in figures["cache_note"] and "S = 256" not in figures["cache_note"]
-    fast = decode_figures.floor_figures(rows, 2**30, 64, 8, 0.03)  # the impossibly fast step
+    fast = decode_figures.floor_figures(rows, 2**30, 64, 8)  # the impossibly fast step
     assert fast["floor_worst"] > 1 + fast["floor_margin"]  # is judged, and fails even so

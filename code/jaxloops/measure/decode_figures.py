@@ -5,6 +5,7 @@ import numpy as np
 
 from jaxloops.kvcache import attention_kind, kv_cache_bytes
 from jaxloops.measure.compiled import loop_copies
+from jaxloops.measure.roofline import CEILING_MARGIN
 from jaxloops.measure.throughput import paired_ratio
 
 MiB = 2**20
@@ -171,12 +172,10 @@ def floor_rows(decode: list[dict], llc: int | None, length: int):
     return past, [r for r in within if r["S"] != length], False
 
 
-def floor_figures(
-    decode: list[dict], llc: int | None, length: int, heads: int, margin: float
-) -> dict:
+def floor_figures(decode: list[dict], llc: int | None, length: int, heads: int) -> dict:
     """The fastest step against its floor where the cache comes from memory, the margin it
-    is held to ("floor_margin": `margin`, or `IN_CACHE_MARGIN` where every cache fits in the
-    last-level cache), and a note on the fastest of those that fit in it.
+    is held to ("floor_margin": the roofline's `CEILING_MARGIN`, or `IN_CACHE_MARGIN` where
+    every cache fits in the last-level cache), and a note on the fastest of those that fit.
 
     A cache past the last-level cache is held to a floor for its bytes beyond it: at best
     the last-level cache serves `llc` bytes of each step's read, and main memory the rest."""
@@ -198,6 +197,7 @@ def floor_figures(
             f"at S = {fastest['S']} ({fastest['cache_bytes'] / MiB:.0f} MiB), ran at "
             f"{share(fastest):.2f} of its floor's speed."
         )
+    margin = CEILING_MARGIN
     if by_size:
         where = (
             f"more than twice the {llc / MiB:.0f} MiB last-level cache (each held to a "
@@ -206,7 +206,7 @@ def floor_figures(
     elif llc:
         where = (f"at S = {length} (no cache here is larger than the processor's "
                  f"{llc / MiB:.0f} MiB last-level cache, nor is the floor's read, so the floor "
-                 f"bounds them only roughly)")  # fmt: skip
+                 "bounds them only roughly)")  # fmt: skip
         margin = IN_CACHE_MARGIN
     else:
         where = f"at S = {length}"

@@ -1,7 +1,8 @@
 """The transformer's train step timed in a new process: `python -m jaxloops.workers.step_speed`.
 
 Started by `step_speed.rates_in_fresh_process` with `--sizes L,D,N,K,F,T,B` and `--rounds`,
-in an environment chosen by the parent (glibc's huge-page tunable); prints one JSON line:
+in an environment chosen by the parent (the glibc tunables of one of
+`step_speed.ALLOCATORS`); prints one JSON line:
 `step_rates` of the step's programs and
 "faults": minor page faults per train step (`page_faults`); with `--breakdown`, also
 "groups": `step_breakdown` of the step.
