@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import jaxloops
+from backend_marks import xla_cpu_only
 from jaxloops import measure
 from jaxloops.attention import softmax
 
@@ -92,6 +93,7 @@ def _carried_as_given(queries, keys, values, cache_key, cache_value):
     return jax.lax.scan(step, (cache_key, cache_value, 0), tokens_first)
 
 
+@xla_cpu_only("the loop body made no copy of the cache (loop_copies 0)")
 def test_loop_copies_counts_the_cache_copies_a_loop_body_makes():
     batch, heads, kv_heads, slots, head_dim, steps = 1, 6, 3, 128, 5, 7  # B = 1: a size-1 axis
     queries = jax.ShapeDtypeStruct((batch, steps, heads, head_dim), jnp.float32)
@@ -127,6 +129,7 @@ def test_naive_parts_include_their_controls_in_the_same_rotation():
     assert all(len(row["samples"]) == 3 for row in rows)
 
 
+@xla_cpu_only("no layout compiled to a transposing copy (0 for (B, S, K, H))")
 def test_layout_control_computes_one_step_four_ways_and_finds_the_transposes():
     rows = measure.decode_layout_control(
         jax.random.key(0), batch=2, length=13, heads=3, head_dim=5, dtype="float32", repeats=1

@@ -180,7 +180,8 @@ def test_the_biggest_model_table_predicts_and_the_compiled_step_confirms():
     assert by["remat (in a scan)"]["safe L"] > by["none"]["safe L"] >= 1
     assert all(r["largest L"] >= r["safe L"] for r in rows)
     c = dataclasses.replace(SMALL_TRANSFORMER, num_layers=by["none"]["safe L"])
-    assert 0 < measured.held_bytes(c, 8, T, measured.TECHNIQUES["none"]) <= 3 * 10**6
+    held = measured.held_bytes(c, 8, T, measured.TECHNIQUES["none"])
+    assert 0 < held - measured.library_scratch_bytes() <= 3 * 10**6  # a GPU's cuBLAS workspace
 
 
 def test_the_published_table_uses_each_boards_memory():

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from backend_marks import xla_cpu_only
 from jaxloops import step_speed
 
 TINY = (1, 8, 2, 1, 12, 5, 3)  # L, D, N, K, F, T, B
@@ -98,6 +99,7 @@ def test_against_control_states_the_speedup_and_the_predicted_saving():
     assert (told["attention_traced"], told["control_attention_traced"]) == (2.0, 5.0)
 
 
+@xla_cpu_only("the step writes device memory, not fresh host pages (0 faults)")
 def test_page_faults_count_the_fresh_pages_a_program_writes(programs):
     # A 64 MiB output is a block above glibc's mmap threshold: fresh 4 KiB pages every call,
     # one fault each (where a process gets huge pages only when it asks, and has not).

@@ -146,8 +146,15 @@ def restore_latest(manager: ocp.CheckpointManager, key, params, opt_state) -> Re
 
 
 def abstract_array(leaf) -> jax.ShapeDtypeStruct:
-    """The shape, dtype and sharding of an array (or of a ShapeDtypeStruct)."""
-    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=getattr(leaf, "sharding", None))
+    """The shape, dtype and sharding of an array (or of a ShapeDtypeStruct); a leaf with no
+    sharding (`jax.eval_shape` gives none) goes to this process's default device. Left to
+    itself, orbax would use the sharding the checkpoint was saved with: on a GPU machine, a
+    checkpoint saved from CPU arrays then fails ("Device cpu:0 was not found in
+    jax.local_devices()", seen on an H200)."""
+    sharding = getattr(leaf, "sharding", None)
+    if sharding is None:
+        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
 
 
 def report_broken(manager: ocp.CheckpointManager, step: int, error: Exception) -> None:

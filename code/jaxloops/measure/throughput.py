@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from jaxloops.data import Batch, epoch_batches
 from jaxloops.loop import fit, make_epoch, python_loop, unstack
-from jaxloops.measure.compiled import costs_of
+from jaxloops.measure.compiled import lowered_flops
 from jaxloops.measure.profile import HOST_WORK
 from jaxloops.measure.roofline import (
     CEILING_MARGIN,
@@ -35,8 +35,8 @@ def random_batches(
 def _compiled_epoch(train_step, params, opt_state, batches: Batch):
     """The scanned epoch, compiled, and its FLOPs per step from XLA's cost analysis (which
     counts a loop body once: the epoch's count is one step's, a test checks it)."""
-    compiled = jax.jit(make_epoch(train_step)).lower(params, opt_state, batches).compile()
-    return compiled, costs_of(compiled)["flops"]
+    lowered = jax.jit(make_epoch(train_step)).lower(params, opt_state, batches)
+    return lowered.compile(), lowered_flops(lowered)
 
 
 def _throughput_row(batches: Batch, flops_per_step: float, seconds: float) -> dict[str, float]:
