@@ -283,10 +283,32 @@ CELL_ERROR = re.compile(
 )
 
 
+EXECUTING = re.compile(r"book/(\w+)\.md: Execut(?:ing notebook|ed notebook in ([\d.]+) seconds)")
+
+
+def chapters_executed(text: str) -> str:
+    """Which chapters a book build executed, with their seconds, and the one it was still
+    executing when it stopped (a build stopped at its time limit fails no cell)."""
+    done, started = {}, []
+    for name, seconds in EXECUTING.findall(text):
+        if seconds:
+            done[name] = float(seconds)
+        else:
+            started.append(name)
+    parts = [f"executed {', '.join(f'{n} in {s:g} s' for n, s in done.items()) or 'none'}"]
+    unfinished = [n for n in started if n not in done]
+    if unfinished:
+        parts.append(f"still executing {unfinished[-1]} when the build stopped")
+    return "; ".join(parts)
+
+
 def failing_cell(log: str, max_lines: int = 80) -> str:
-    """The first failing cell and its error from a book build's log (else its last lines)."""
+    """The first failing cell and its error from a book build's log; else which chapters it
+    executed (and in how long), or, where it executed none, its last lines."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", log)
     blocks = CELL_ERROR.findall(text)
+    if not blocks and EXECUTING.search(text):
+        return chapters_executed(text)
     lines = blocks[0].strip("\n").splitlines() if blocks else text.splitlines()[-max_lines:]
     if len(lines) > max_lines:
         lines = lines[:20] + ["[...]"] + lines[-(max_lines - 21) :]

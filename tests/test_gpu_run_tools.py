@@ -124,6 +124,23 @@ def test_a_failed_build_is_reported_by_its_failing_cell():
     assert tools.failing_cell("a\nb\nc", max_lines=2) == "b\nc"  # no cell: the log's end
 
 
+def test_a_build_stopped_at_its_limit_names_the_chapter_it_was_executing():
+    """The H200 run's book stage: chapter 1 executed, chapter 6 still running at 210 s."""
+    log = (
+        "/w/book/01_watching_jax.md: Executing notebook using local CWD [mystnb]\n"
+        "/w/book/01_watching_jax.md: Executed notebook in 34.49 seconds [mystnb]\n"
+        "/w/book/06_device_loop.md: Executing notebook using local CWD [mystnb]\n"
+        "AssertionError\nThere was an error in building your book.\n"
+    )
+    found = tools.failing_cell(log).splitlines()[0]
+    assert found == (
+        "executed 01_watching_jax in 34.49 s; still executing 06_device_loop when the build stopped"
+    )
+    finished = log.replace("06_device_loop.md: Executing notebook using local CWD",
+                           "06_device_loop.md: Executed notebook in 9 seconds")  # fmt: skip
+    assert "still executing" not in tools.failing_cell(finished)
+
+
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="with a GPU the run would measure")
 def test_without_a_gpu_the_run_stops_after_setup_with_every_stage_recorded(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "SITE": str(tmp_path / "site")}

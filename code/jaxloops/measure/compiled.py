@@ -9,7 +9,7 @@ function and its arguments (`compiled_costs(f, *args)`), which compiles once.
 The compiled program, not the lowered one: it is what runs. Its FLOPs are the exception: they
 come from the lowered program, because XLA:GPU's compiled cost analysis leaves out the matmuls
 it hands to cuBLAS (jax-ml/jax#22249; on an H200 it gave chapter 6's MLP step at batch 32,768
-11.1 GFLOP, where its matmuls alone do 221). On a CPU the two counts agree within 0.5 %. Loop
+11.1 GFLOP, where its matmuls alone do 217). On a CPU the two counts agree within 0.5 %. Loop
 bodies are counted once by XLA's cost analysis, not once per trip.
 """
 
