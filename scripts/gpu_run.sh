@@ -6,28 +6,32 @@
 #   scripts/gpu_run.sh --stand-in [OUT_DIR]   # the same path with the CPU standing in (CI)
 #
 # Stages, most valuable first, each under its own limit and never past 540 s in all; the limits
-# come from `scripts/gpu_run_tools.py limits` (measured CPU seconds x a stated GPU factor, the
-# table in the README; LIMIT_<STAGE>=... overrides one):
+# come from `scripts/gpu_run_tools.py limits` (what the first H200 run measured, the table in
+# the README; LIMIT_<STAGE>=... overrides one). No session's 15 device minutes hold the whole
+# run, so it resumes: where results/gpu/results.json (RESUME=...) is from this device kind and
+# JAX version, it is the starting point and its done tasks are not measured again.
 #   setup     JAX sees the GPU; the build tools installed from .whl/ (pip --no-index),
 #             skipping every package this Python already has
 #   headline  implementation report, matmul ceilings, read bandwidth, cuDNN bf16 sweep with
 #             naive and XLA at the goal length, chapter 6's MLP rows, chapter 11's LM step and
 #             its MFU; each measured in a child process that saves it at once (a crash loses
 #             only it)
-#   book      the strict build of GPU_BOOK_CHAPTERS (scripts/gpu_run_tools.py, which says
-#             why those), or of BOOK_CHAPTERS="12 13" where it is set
+#   book      each of GPU_BOOK_CHAPTERS (scripts/gpu_run_tools.py, which says why those) executed
+#             strictly in turn (scripts/run_chapter.py), those with no record first, or of
+#             BOOK_CHAPTERS="12 13" where it is set; each one's status, seconds and failing
+#             cell recorded
 #   tests     the test suite, one line per test as it ends (a timeout keeps the lines so far)
 #   sweeps    the rest of the attention sweep, the causal sweep, the plot
-# OUT_DIR then holds at most 5 files (the device hands back 8): results.json (every section,
-# each stage's status, seconds and detail), stages.json (the same stage records: all there is
-# when setup fails), logs.tar.gz (every stage's log, rewritten after each stage), html.tar.gz
-# (only if the book built) and attention_latency.png. A failed book build's detail is its
-# failing cell. The run ends with `gpu_run_tools.py check`: exit 0 only if there is no problem.
+# OUT_DIR then holds at most 4 files (the device hands back 8): results.json (every section,
+# each stage's status, seconds and detail, each chapter's), stages.json (the same stage
+# records: all there is when setup fails), logs.tar.gz (every stage's and chapter's log,
+# rewritten after each stage) and attention_latency.png. The run ends with
+# `gpu_run_tools.py check`: exit 0 only if there is no problem.
 # Where JAX sees no GPU, setup says so and every other stage is skipped (exit 2).
 #
 # --stand-in: the CPU stands in for the GPU (.ci/rehearse_device runs it offline, Python 3.12
 # as python3): the same stages, the benchmarks at toy sizes (the file says rehearsal: true),
-# limits of the measured CPU seconds x 1.5.
+# limits of the measured CPU seconds x 3.
 #
 # Environment: XLA_PYTHON_CLIENT_PREALLOCATE=false (test workers and notebook kernels share the
 # GPU); the book and the tests get JAX_DEFAULT_MATMUL_PRECISION=highest (float32, not TF32).
@@ -92,9 +96,11 @@ stage() {
 
 setup() {
   local found backend  # one JAX start-up: its backend, then what it found
-  found=$("$PY" -c "import sys, jax; print(jax.default_backend()); print('Python', sys.version.split()[0], 'JAX', jax.__version__, jax.devices())") \
+  found=$("$PY" -c "import sys, jax; print(jax.default_backend()); print(jax.devices()[0].device_kind); print(jax.__version__); print('Python', sys.version.split()[0], 'JAX', jax.__version__, jax.devices())") \
     || { echo "$PY has no working JAX"; return 1; }
-  backend=${found%%$'\n'*}; echo "${found#*$'\n'}"
+  backend=$(sed -n 1p <<< "$found"); DEVICE_KIND=$(sed -n 2p <<< "$found")
+  JAX_VERSION=$(sed -n 3p <<< "$found"); sed -n 4p <<< "$found"
+  echo "$DEVICE_KIND" > "$WORK/device_kind"; echo "$JAX_VERSION" > "$WORK/jax_version"
   if [ "$STAND_IN" = 0 ] && [ "$backend" != gpu ]; then
     echo "JAX sees no GPU (its backend is $backend): nothing to measure; --stand-in runs this path on the CPU"
     return 3
@@ -128,27 +134,44 @@ if [ "$setup_rc" != 0 ]; then
 fi
 record setup ok "$(elapsed "$t0")" "$(last_lines "$WORK/logs/setup.log" 3)"
 
+# A recorded run of this device kind and JAX is where this one starts: its done tasks are not
+# measured again (no session's device time holds the whole run; gpu_run_tools.py says more).
+if [ "$STAND_IN" = 0 ]; then
+  "$PY" "${TOOLS[@]}" resume "${RESUME:-results/gpu/results.json}" "$OUT_DIR" \
+    --device-kind "$(cat "$WORK/device_kind")" --jax "$(cat "$WORK/jax_version")"
+fi
+
 stage headline "$PY" "${BENCH[@]}" headline --out "$OUT_DIR" "${BENCH_MODE[@]}"
 
-toc=()
-BOOK_CHAPTERS=${BOOK_CHAPTERS:-$("$PY" "${TOOLS[@]}" book-chapters)}  # gpu_run_tools.py says why
-if [ -n "${BOOK_CHAPTERS:-}" ]; then  # the index, the chapters named, the pages without a number
-  grep -v -E '^  - file: book/[0-9]{2}_' _toc.yml > "$WORK/_toc.yml"
-  for n in $BOOK_CHAPTERS; do grep -E "^  - file: book/${n}_" _toc.yml; done > "$WORK/chapters"
-  sed -i "/^chapters:/r $WORK/chapters" "$WORK/_toc.yml"
-  toc=(--toc "$WORK/_toc.yml")
-fi
+# book_chapters NAMES...: each chapter executed strictly (scripts/run_chapter.py), in turn,
+# under what is left of the stage's limit, each one's status, seconds and failing cell recorded
+# in results.json; exit 1 if any failed, 124 if the time ran out.
+book_chapters() {
+  local end=$(( $(date +%s) + $1 )) rc=0 n name left t0 status detail; shift
+  for n in "$@"; do
+    name=$(basename "$(ls book/${n}_*.md)" .md)
+    left=$(( end - $(date +%s) ))
+    if [ "$left" -le 5 ]; then echo "no time left for $name"; rc=124; break; fi
+    echo "== chapter $name (at most ${left} s)"
+    t0=$(date +%s%N)
+    timeout --kill-after=5 "$left" "$PY" scripts/run_chapter.py "$n" --out "$WORK/notebooks" \
+      > "$WORK/logs/chapter-$name.log" 2>&1
+    case $? in 0) status=ok ;; 124|137) status=timeout; rc=124 ;; *) status=failed; [ $rc = 0 ] && rc=1 ;; esac
+    detail=$(tail -n 40 "$WORK/logs/chapter-$name.log" | cut -c1-300)
+    [ "$status" = ok ] && detail=$(tail -n 1 "$WORK/logs/chapter-$name.log")
+    "$PY" "${TOOLS[@]}" record-chapter --out "$OUT_DIR" "$name" "$status" "$(elapsed "$t0")" --detail "$detail"
+    echo "$name: $status in $(elapsed "$t0") s"
+  done
+  return $rc
+}
+BOOK_CHAPTERS=${BOOK_CHAPTERS:-$("$PY" "${TOOLS[@]}" chapter-order "$OUT_DIR/results.json")}
+LIMIT_BOOK_LEFT=$(( LIMIT_TOTAL - ($(date +%s) - START) )); [ "$LIMIT_BOOK_LEFT" -lt "$LIMIT_BOOK" ] || LIMIT_BOOK_LEFT=$LIMIT_BOOK
+export -f book_chapters elapsed; export PY WORK OUT_DIR; export TOOLS_PY=${TOOLS[0]}
 stage book env -u MPLBACKEND JAXLOOPS_STRICT=1 JAX_DEFAULT_MATMUL_PRECISION=highest \
   JAXLOOPS_ROOFLINE="$WORK/roofline.json" \
-  "$PY" -c "from jupyter_book.cli.main import main; main()" build . "${toc[@]}" \
-  --path-output "$WORK/build" --warningiserror --nitpick --keep-going
-if [ -s "$WORK/build/_build/html/index.html" ]; then
-  tar czf "$OUT_DIR/html.tar.gz" -C "$WORK/build/_build" html
-else
-  echo "no HTML was built: no html.tar.gz"
-fi
+  bash -c 'TOOLS=("$TOOLS_PY"); book_chapters "$@"' _ "$(( LIMIT_BOOK_LEFT - 10 ))" $BOOK_CHAPTERS
 
-workers=8; [ "$STAND_IN" = 1 ] && workers=auto
+workers=16; [ "$STAND_IN" = 1 ] && workers=auto
 stage tests env JAX_DEFAULT_MATMUL_PRECISION=highest \
   "$PY" -m pytest -p no:cacheprovider -o addopts= -v -n "$workers" -rfE --durations=10
 

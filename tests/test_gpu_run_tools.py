@@ -17,15 +17,15 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_run_tools as tools  # noqa: E402 - scripts/ is put on the path just above
 
 
-def test_each_limit_is_its_measured_cpu_time_times_its_gpu_factor_and_margin_rounded_up():
+def test_each_limit_is_its_device_seconds_times_the_margin_rounded_up():
     for stage in tools.STAGES:
-        limit = stage.cpu_seconds * stage.gpu_factor * tools.DEVICE_MARGIN
+        limit = stage.device_seconds * tools.DEVICE_MARGIN
         assert stage.limit % 5 == 0 and limit <= stage.limit < limit + 5
     assert sum(tools.stage_limits().values()) <= tools.TOTAL_LIMIT == 540
 
 
 def test_a_plan_over_9_minutes_is_refused(monkeypatch):
-    slow = dataclasses.replace(tools.STAGES[2], cpu_seconds=1000)
+    slow = dataclasses.replace(tools.STAGES[2], device_seconds=1000)
     monkeypatch.setattr(tools, "STAGES", (*tools.STAGES[:2], slow, *tools.STAGES[3:]))
     with pytest.raises(ValueError, match="over the run's 540 s"):
         tools.stage_limits()
@@ -170,3 +170,47 @@ def test_the_device_book_is_chapters_of_the_book_that_need_nothing_the_device_la
         # grain and flax are not on the device, and the carry has no room for them
         assert not re.search(r"\b(grain|flax|nnx_step|streaming)\b", page.read_text()), page
     assert len(set(tools.GPU_BOOK_CHAPTERS)) == len(tools.GPU_BOOK_CHAPTERS)
+
+
+def _recorded(tmp_path, **facts):
+    results = {
+        "facts": {"device_kind": "NVIDIA H200", "jax": "0.11.2", "date": "then", **facts},
+        "stages": {"setup": {"status": "ok"}, "book": {"status": "timeout"}},
+        "tasks": {"ceiling f32": "done", "lm": "failed: OOM", "mlp 128": "crashed: SIGABRT"},
+        "in_flight": "lm",
+    }
+    path = tmp_path / "recorded.json"
+    path.write_text(json.dumps(results))
+    return path
+
+
+def test_a_run_resumes_a_recorded_run_of_its_device_and_jax_only(tmp_path):
+    recorded, out = _recorded(tmp_path), tmp_path / "out"
+    said = tools.resume(recorded, out, "NVIDIA H200", "0.11.2")
+    assert said.startswith("resuming") and "1 tasks done" in said
+    started = json.loads((out / "results.json").read_text())
+    assert started["tasks"] == {"ceiling f32": "done"}  # failed and crashed: tried again
+    assert started["in_flight"] is None and len(started["resumed"]) == 1
+    assert {s["status"] for s in started["stages"].values()} == {"pending"}
+    for kind, jax_version in (("NVIDIA H100", "0.11.2"), ("NVIDIA H200", "0.12.0")):
+        fresh = tmp_path / kind.replace(" ", "") / jax_version
+        assert "a fresh run" in tools.resume(recorded, fresh, kind, jax_version)
+        assert not (fresh / "results.json").exists()
+    rehearsal = _recorded(tmp_path, rehearsal=True)
+    assert "a fresh run" in tools.resume(rehearsal, tmp_path / "r", "NVIDIA H200", "0.11.2")
+    assert "a fresh run" in tools.resume(tmp_path / "none.json", out, "NVIDIA H200", "0.11.2")
+
+
+def test_the_book_stage_runs_unknown_chapters_first_and_passed_ones_last(tmp_path):
+    out = tmp_path
+    (out / "results.json").write_text(json.dumps({"facts": {}}))
+    chapters = ("01", "06", "08", "09")
+    assert tools.chapter_order(out / "results.json", chapters) == list(chapters)
+    tools.record_chapter(out, "01_watching_jax", "ok", 34.49, "done")
+    tools.record_chapter(out, "06_device_loop", "timeout", 175, "")
+    tools.record_chapter(out, "09_kernels", "failed", 3, "AssertionError")
+    assert tools.chapter_order(out / "results.json", chapters) == ["08", "09", "06", "01"]
+    recorded = json.loads((out / "results.json").read_text())["book_chapters"]
+    assert recorded["01_watching_jax"] == {"status": "ok", "seconds": 34.5, "detail": "done"}
+    with pytest.raises(ValueError, match="'skipped'"):
+        tools.record_chapter(out, "08_attention", "skipped", 0, "")

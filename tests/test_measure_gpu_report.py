@@ -37,7 +37,7 @@ def test_goals_follow_the_roofline_of_the_measured_ceilings():
     assert fraction_goal["met"] is (cudnn / 0.003 >= 0.5)
     assert speedup_goal["measured"] == f"{0.02 / 0.003:.1f}× (predicted {naive / cudnn:.1f}×)"
     assert speedup_goal["met"] is (0.02 / 0.003 >= naive / cudnn / 2)
-    assert goals[-1]["measured"] == "ok in 200 s"
+    assert goals[-1]["measured"] == "1 of 2 recorded passed; 06_device_loop timeout"
 
 
 def test_goals_use_published_figures_for_a_listed_board():
@@ -147,8 +147,9 @@ def test_a_file_at_the_default_path_renders_in_the_appendix(tmp_path, monkeypatc
     results = gpu_report.load_results()  # the default path, as book/gpu_appendix.md calls it
     assert results == sample()
     tables = gpu_report.appendix_tables(results)
-    order = ["facts", "stages", "ceilings", "goals", "attention", "causal", "mlp"]
+    order = ["facts", "stages", "chapters", "ceilings", "goals", "attention", "causal", "mlp"]
     assert list(tables) == [name for name in order if name != "causal" or results["causal"]]
+    assert tables["chapters"].count("\n") == len(results["book_chapters"]) + 1
     assert results["facts"]["device_kind"] in tables["facts"]
     for name in ("attention", "mlp"):  # one table row per recorded row, below the header
         assert tables[name].count("\n") == len(results[name]) + 1, tables[name]
