@@ -3,7 +3,8 @@
 Usage: python scripts/run_chapter.py 05 [--out _build/chapters]
 
 The chapter (book/05_*.md, MyST Markdown) is read with jupytext, executed with nbclient in
-this Python's kernel, and written as .ipynb; a failing cell stops it with the cell's error.
+this Python's kernel, cell by cell (each cell's seconds printed as it ends), and written as
+.ipynb; a failing cell stops it with the cell's error.
 """
 
 import argparse
@@ -51,7 +52,15 @@ def main(argv=None) -> int:
         resources={"metadata": {"path": str(source.parent)}},
     )
     try:
-        client.execute(env=dict(os.environ))
+        with client.setup_kernel(env=dict(os.environ)):
+            for index, cell in enumerate(notebook.cells):
+                if cell.cell_type != "code":
+                    continue
+                began = time.perf_counter()
+                client.execute_cell(cell, index)
+                # one line per cell as it ends: a chapter stopped at a time limit shows where
+                # its time went
+                print(f"cell {index}: {time.perf_counter() - began:.1f} s", flush=True)
     except nbclient.exceptions.CellExecutionError as error:
         print(error, file=sys.stderr)
         return 1

@@ -397,10 +397,8 @@ def resumed_here(tmp_path_factory):
     manager = checkpoint.checkpoint_manager(root, keep_last=2)
     train(run.key, run.init(), epochs=STOP, hook=checkpoint.checkpoint_hook(manager, run.key))
     manager.wait_until_finished()
-    on_cpu = jax.sharding.SingleDeviceSharding(CPU)  # where the run lives, on a GPU machine too
-    like = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=on_cpu),
-                        jax.eval_shape(run.init))  # fmt: skip
-    back = checkpoint.restore_latest(manager, run.key, *like)
+    # shapes alone: restored where run.key lives (the CPU), on a GPU machine too
+    back = checkpoint.restore_latest(manager, run.key, *jax.eval_shape(run.init))
     fresh_opt_state = run.init()[1]
     copy = lambda tree: jax.tree.map(jnp.copy, tree)  # fit donates what it is given
     resumed = {

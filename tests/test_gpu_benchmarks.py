@@ -66,13 +66,3 @@ def test_a_crash_in_one_measurement_loses_only_that_one(tmp_path):
     ]
     assert results["in_flight"] is None and results["facts"]["rehearsal"] is True
     assert jax.default_backend() == results["facts"]["backend"]
-
-
-def test_the_benchmark_stages_gpu_factor_is_the_gpu_plans_points_over_the_toy_plans():
-    import gpu_run_tools
-
-    factors = {stage.name: stage.gpu_factor for stage in gpu_run_tools.STAGES}
-    toy, gpu = bench.make_plan(rehearse=True), bench.make_plan(rehearse=False, backend="gpu")
-    for name in ("headline", "sweeps"):
-        ratio = len(bench.tasks(gpu, name)) / len(bench.tasks(toy, name))
-        assert factors[name] == round(ratio, 1), (name, ratio)

@@ -112,12 +112,15 @@ def restore_latest(manager: ocp.CheckpointManager, key, params, opt_state) -> Re
 
     Args:
       key, params, opt_state: the structure to restore into: arrays or
-        jax.ShapeDtypeStruct, whose shardings (if any) say where the restored arrays go.
+        jax.ShapeDtypeStruct, whose shardings say where the restored arrays go; a leaf
+        without one goes where `key` lives.
     Raises:
       ValueError: the checkpoint's tree does not match (names the path in the tree).
     """
     target = {"params": params, "opt_state": opt_state, "key": key}
-    abstract = jax.tree.map(abstract_array, target)
+    # a leaf given without a sharding goes where the key lives (the run's device)
+    where = getattr(key, "sharding", None)
+    abstract = jax.tree.map(lambda leaf: abstract_array(leaf, where), target)
     for step in sorted(manager.all_steps(), reverse=True):
         try:
             saved = manager.item_metadata(step)["state"]
@@ -145,15 +148,12 @@ def restore_latest(manager: ocp.CheckpointManager, key, params, opt_state) -> Re
     return None
 
 
-def abstract_array(leaf) -> jax.ShapeDtypeStruct:
+def abstract_array(leaf, default=None) -> jax.ShapeDtypeStruct:
     """The shape, dtype and sharding of an array (or of a ShapeDtypeStruct); a leaf with no
-    sharding (`jax.eval_shape` gives none) goes to this process's default device. Left to
-    itself, orbax would use the sharding the checkpoint was saved with: on a GPU machine, a
-    checkpoint saved from CPU arrays then fails ("Device cpu:0 was not found in
-    jax.local_devices()", seen on an H200)."""
-    sharding = getattr(leaf, "sharding", None)
-    if sharding is None:
-        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    sharding (`jax.eval_shape` gives none) gets `default`. Left with none, orbax uses the
+    sharding the checkpoint was saved with: on a GPU machine, a checkpoint saved from CPU
+    arrays then fails ("Device cpu:0 was not found in jax.local_devices()", seen on an H200)."""
+    sharding = getattr(leaf, "sharding", None) or default
     return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
 
 
