@@ -17,7 +17,8 @@
 #             its MFU; each measured in a child process that saves it at once (a crash loses
 #             only it)
 #   book      each of GPU_BOOK_CHAPTERS (scripts/gpu_run_tools.py, which says why those) executed
-#             strictly in turn (scripts/run_chapter.py), those with no record first, or of
+#             strictly in turn (scripts/run_chapter.py --keep-going: every failing cell of a
+#             chapter is found in one run), those with no record first, or of
 #             BOOK_CHAPTERS="12 13" where it is set; each one's status, seconds and failing
 #             cell recorded
 #   tests     the test suite, one line per test as it ends (a timeout keeps the lines so far)
@@ -154,10 +155,11 @@ book_chapters() {
     if [ "$left" -le 5 ]; then echo "no time left for $name"; rc=124; break; fi
     echo "== chapter $name (at most ${left} s)"
     t0=$(date +%s%N)
-    timeout --kill-after=5 "$left" "$PY" scripts/run_chapter.py "$n" --out "$WORK/notebooks" \
+    timeout --kill-after=5 "$left" "$PY" scripts/run_chapter.py "$n" --keep-going --out "$WORK/notebooks" \
       > "$WORK/logs/chapter-$name.log" 2>&1
     case $? in 0) status=ok ;; 124|137) status=timeout; rc=124 ;; *) status=failed; [ $rc = 0 ] && rc=1 ;; esac
-    detail=$(tail -n 40 "$WORK/logs/chapter-$name.log" | cut -c1-300)
+    detail=$(grep '^FAILED cell' "$WORK/logs/chapter-$name.log" | cut -c1-300)  # --keep-going's list
+    [ -n "$detail" ] || detail=$(tail -n 40 "$WORK/logs/chapter-$name.log" | cut -c1-300)
     [ "$status" = ok ] && detail=$(tail -n 1 "$WORK/logs/chapter-$name.log")
     "$PY" "${TOOLS[@]}" record-chapter --out "$OUT_DIR" "$name" "$status" "$(elapsed "$t0")" --detail "$detail"
     echo "$name: $status in $(elapsed "$t0") s"

@@ -35,6 +35,12 @@ def main(argv=None) -> int:
     parser.add_argument("number", help="the chapter's two-digit number, e.g. 05")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "_build" / "chapters")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per cell")
+    parser.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="run every cell after a failing one too, and report each failure (the GPU run's "
+        "book stage: one session then learns all of a chapter's failing cells); still exit 1",
+    )
     args = parser.parse_args(argv)
     source = find_chapter(args.number.zfill(2))
     notebook = jupytext.read(source)
@@ -51,18 +57,28 @@ def main(argv=None) -> int:
         kernel_name="python3",
         resources={"metadata": {"path": str(source.parent)}},
     )
+    failures = []
     try:
         with client.setup_kernel(env=dict(os.environ)):
             for index, cell in enumerate(notebook.cells):
                 if cell.cell_type != "code":
                     continue
                 began = time.perf_counter()
-                client.execute_cell(cell, index)
+                try:
+                    client.execute_cell(cell, index)
+                except nbclient.exceptions.CellExecutionError as error:
+                    if not args.keep_going:
+                        raise
+                    failures.append((index, error))
                 # one line per cell as it ends: a chapter stopped at a time limit shows where
                 # its time went
                 print(f"cell {index}: {time.perf_counter() - began:.1f} s", flush=True)
     except nbclient.exceptions.CellExecutionError as error:
         print(error, file=sys.stderr)
+        return 1
+    for index, error in failures:
+        print(f"FAILED cell {index}: {error.ename}: {error.evalue}"[:600], file=sys.stderr)
+    if failures:
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     target = args.out / (source.stem + ".ipynb")

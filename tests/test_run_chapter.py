@@ -47,3 +47,24 @@ def test_each_cell_reports_its_seconds_and_a_failing_cell_fails_the_chapter(
     source.write_text(CHAPTER.replace("x == 2", "x == 1"))
     assert run_chapter.main(["99", "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "99_a_chapter.ipynb").exists()
+
+
+def test_keep_going_runs_past_a_failing_cell_and_reports_each_failure(
+    tmp_path, monkeypatch, capsys
+):
+    (tmp_path / "book").mkdir()
+    more = (
+        "```{code-cell} python\ny = 3\n```\n\n"
+        '```{code-cell} python\nassert y == 4, "y is not 4"\n```\n'
+    )
+    two_failures = CHAPTER + "\n" + more
+    (tmp_path / "book" / "99_a_chapter.md").write_text(two_failures)
+    monkeypatch.setattr(run_chapter, "ROOT", tmp_path)
+    assert run_chapter.main(["99", "--out", str(tmp_path / "out"), "--keep-going"]) == 1
+    out, err = capsys.readouterr()
+    assert [line.split(":")[0] for line in out.splitlines() if line.startswith("cell")] == [
+        "cell 1", "cell 2", "cell 3", "cell 4"
+    ]  # fmt: skip
+    failed = [line for line in err.splitlines() if line.startswith("FAILED cell")]
+    assert failed == ["FAILED cell 2: AssertionError: x is not 2",
+                      "FAILED cell 4: AssertionError: y is not 4"]  # fmt: skip
