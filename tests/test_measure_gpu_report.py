@@ -173,3 +173,17 @@ def test_a_gpu_run_gives_the_critical_batch_at_its_measured_and_published_rates(
     assert gpu_report.recorded_critical_batch(None) is None
     assert gpu_report.recorded_critical_batch({**run, "facts": {"device_kind": "cpu"}}) is None
     assert gpu_report.recorded_critical_batch({**run, "ceilings": run["ceilings"][:1]}) is None
+
+
+def test_chapter_5s_note_sets_the_compiled_count_beside_the_lowered_one():
+    run = {"facts": {"device_kind": "NVIDIA H200"}, "mlp": [
+        {"batch_size": 512, "flops_per_step": 3.4e9, "compiled_flops_per_step_on_gpu": 1.27e9},
+        {"batch_size": 32768, "flops_per_step": 217.1e9, "compiled_flops_per_step_on_gpu": 11.07e9},
+    ]}  # fmt: skip
+    assert gpu_report.compiled_flops_note(run) == (
+        "the recorded NVIDIA H200 run's compiled count of chapter 6's MLP step at batch 32,768 "
+        "was 11.1 GFLOP; the lowered count is 217 GFLOP"
+    )
+    uncorrected = {"facts": run["facts"], "mlp": [{"batch_size": 8, "flops_per_step": 1.0}]}
+    for results in (None, uncorrected):
+        assert gpu_report.compiled_flops_note(results).startswith("no GPU run is recorded")

@@ -21,10 +21,14 @@ from typing import Any
 import jax
 
 
+def lower_call(fn: Callable[..., Any], *args) -> jax.stages.Lowered:
+    """The lowered program of `jax.jit(fn)(*args)` (fn may already be jitted)."""
+    return (fn if hasattr(fn, "lower") else jax.jit(fn)).lower(*args)
+
+
 def compile_call(fn: Callable[..., Any], *args) -> jax.stages.Compiled:
     """The compiled program of `jax.jit(fn)(*args)` (fn may already be jitted)."""
-    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-    return jitted.lower(*args).compile()
+    return lower_call(fn, *args).compile()
 
 
 def _cost(program) -> dict:
@@ -57,16 +61,14 @@ def costs_of(compiled: jax.stages.Compiled, lowered: jax.stages.Lowered | None =
 def compiled_costs(fn: Callable[..., Any], *args) -> dict:
     """`costs_of` the compiled program of `jax.jit(fn)(*args)`, from a single compile (its
     flops from the lowered program)."""
-    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-    lowered = jitted.lower(*args)
+    lowered = lower_call(fn, *args)
     return costs_of(lowered.compile(), lowered)
 
 
 def compiled_flops(fn: Callable[..., Any], *args) -> float:
     """FLOPs of one call of `jax.jit(fn)(*args)`, from XLA's cost analysis of the lowered
     program (no compile)."""
-    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-    return lowered_flops(jitted.lower(*args))
+    return lowered_flops(lower_call(fn, *args))
 
 
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?(\S+) = \S+ ([\w-]+)\(")

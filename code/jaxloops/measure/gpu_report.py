@@ -326,6 +326,22 @@ def _reported_goals(results: dict) -> list[dict]:
     return rows
 
 
+def compiled_flops_note(results: dict | None) -> str:
+    """Chapter 5's parenthesis: the recorded run's compiled FLOP count of chapter 6's MLP step
+    at its largest batch beside the lowered count (the file keeps the compiled count where a
+    correction replaced it), or a plain statement that no such run is recorded."""
+    rows = [r for r in (results or {}).get("mlp", []) if "compiled_flops_per_step_on_gpu" in r]
+    if not rows:
+        return "no GPU run is recorded in this copy to show it"
+    big = max(rows, key=lambda r: r["batch_size"])
+    return (
+        f"the recorded {results['facts']['device_kind']} run's compiled count of chapter 6's "
+        f"MLP step at batch {big['batch_size']:,} was "
+        f"{big['compiled_flops_per_step_on_gpu'] / 1e9:.1f} GFLOP; the lowered count is "
+        f"{big['flops_per_step'] / 1e9:.0f} GFLOP"
+    )
+
+
 def label(results: dict | None) -> str:
     """ "<device>, <date>" for a recorded run, or a plain statement that none is recorded."""
     if results is None:
