@@ -174,11 +174,14 @@ stage book env -u MPLBACKEND JAXLOOPS_STRICT=1 JAX_DEFAULT_MATMUL_PRECISION=high
   bash -c 'TOOLS=("$TOOLS_PY"); book_chapters "$@"' _ "$(( LIMIT_BOOK_LEFT - 10 ))" $BOOK_CHAPTERS
 
 workers=16; [ "$STAND_IN" = 1 ] && workers=auto
+# TESTS: which test files to run (default: the whole suite). CI's rehearsal names the ones that
+# test this run's own machinery; it runs the whole suite under the newest JAX beside it.
+read -ra SELECTED <<< "${TESTS:-}"
 # The tests check values, not speed: no GEMM autotuning (XLA's default kernels), as the CPU's
 # test settings drop LLVM's optimisation (tests/conftest.py); the chapters keep it.
 stage tests env JAX_DEFAULT_MATMUL_PRECISION=highest \
   XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_autotune_level=0" \
-  "$PY" -m pytest -p no:cacheprovider -o addopts= -v -n "$workers" -rfE --durations=10
+  "$PY" -m pytest -p no:cacheprovider -o addopts= -v -n "$workers" -rfE --durations=10 ${SELECTED[@]+"${SELECTED[@]}"}
 
 stage sweeps "$PY" "${BENCH[@]}" sweeps --out "$OUT_DIR" "${BENCH_MODE[@]}"
 
