@@ -21,7 +21,7 @@ from jaxloops.attention import textbook_attention
 from jaxloops.measure import describe_backend
 from jaxloops.measure.roofline import ROOFLINE_ENV
 
-LARGER = (4, 256, 8, 2, 1024, 256, 16)  # L, D, N, K, F, T, B: issue 26's size
+LARGER = experiment_sizes().lm.goal  # L, D, N, K, F, T, B: issue 26's size
 
 
 def chapter_size() -> tuple[int, ...]:

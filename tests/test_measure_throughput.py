@@ -1,3 +1,4 @@
+import os
 import time
 
 import jax
@@ -87,6 +88,23 @@ def test_core_shares_are_shares():
     assert 0.0 <= host <= 1.0 and 0.0 <= device <= 1.0
     with pytest.raises(ValueError, match="tries must be >= 1, got 0"):
         measure.core_shares(lambda: jnp.ones(3), tries=0)
+
+
+def test_offered_cores_sums_each_copys_speed_relative_to_alone_at_most_one():
+    assert measure.offered_cores(1.0, [1.0, 1.0]) == 2.0  # two free cores
+    assert measure.offered_cores(1.0, [1.5, 1.5]) == pytest.approx(4 / 3)  # three jobs, two cores
+    assert measure.offered_cores(1.0, [0.9, 2.0]) == 1.5  # faster than alone counts as 1
+    # The chapter's threshold for "two free cores" (1.8) rejects one busy core's figure.
+    assert measure.offered_cores(1.0, [1.5, 1.5]) < 1.8 <= measure.offered_cores(1.0, [1.05, 1.05])
+    for alone, beside in ((0.0, [1.0]), (1.0, []), (1.0, [1.0, 0.0])):
+        with pytest.raises(ValueError, match="times must be positive"):
+            measure.offered_cores(alone, beside)
+
+
+def test_free_cores_is_between_zero_and_the_core_count():
+    assert 0.0 < measure.free_cores(seconds=0.01, tries=1) <= os.cpu_count()
+    with pytest.raises(ValueError, match="seconds must be > 0 and tries >= 1, got 0.1, 0"):
+        measure.free_cores(seconds=0.1, tries=0)
 
 
 def test_host_pipeline_yields_every_batch_in_order():

@@ -74,6 +74,8 @@ class LanguageModelSizes:
     weight_decay: float
     decode_batch: int  # sequences generated at once
     speed: tuple[int, ...]  # (L, D, N, K, F, T, B) of the train step chapter 11 times
+    # (L, D, N, K, F, T, B) at which chapter 11 checks its step's speed goals (two free CPU cores)
+    goal: tuple[int, ...] = (4, 256, 8, 2, 1024, 256, 16)
 
 
 @dataclasses.dataclass(frozen=True)

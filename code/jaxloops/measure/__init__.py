@@ -72,6 +72,8 @@ from jaxloops.measure.sweeps import (
 )
 from jaxloops.measure.throughput import (
     core_shares,
+    free_cores,
+    offered_cores,
     fit_against_bare_epoch,
     host_pipeline,
     interleaved_with_core_shares,
@@ -115,6 +117,8 @@ __all__ = (
     "compiled_fusions",
     "CompileLog",
     "core_shares",
+    "free_cores",
+    "offered_cores",
     "count_compiles",
     "decode_layout_control",
     "decode_sweep",

@@ -1,6 +1,9 @@
 """Measuring training loops: ways to drive the same step, host/device overlap, steps/s."""
 
+import hashlib
+import os
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -133,6 +136,57 @@ def _spin_beside(out, n: int) -> tuple[float, float]:
     spun = time.perf_counter() - start
     jax.block_until_ready(out)
     return spun, spun if ready is None else ready
+
+
+def _hash_seconds(chunks: int, start: threading.Barrier | None = None) -> float:
+    """Seconds to SHA-256 `chunks` times a 256 KiB buffer: CPU-bound work that releases the
+    GIL (hashlib does for large inputs), so threads of it run on as many cores as they get."""
+    buffer, digest = bytes(2**18), hashlib.sha256()
+    if start is not None:
+        start.wait()
+    begin = time.perf_counter()
+    for _ in range(chunks):
+        digest.update(buffer)
+    return time.perf_counter() - begin
+
+
+def offered_cores(alone: float, beside: list[float]) -> float:
+    """Cores a CPU-bound job got: each of len(beside) copies run at once took beside[i]
+    seconds for work that took `alone` seconds by itself; their speeds relative to alone,
+    each at most 1, summed."""
+    if alone <= 0 or not beside or min(beside) <= 0:
+        raise ValueError(f"times must be positive: alone {alone}, beside {beside}")
+    return sum(min(alone / t, 1.0) for t in beside)
+
+
+def free_cores(seconds: float = 0.2, tries: int = 3) -> float:
+    """How many of this machine's cores a CPU-bound job gets now: 0 to `os.cpu_count()`.
+
+    The same work (`_hash_seconds`, about `seconds` long) is timed on one thread alone, then
+    on one thread per core all at once; `offered_cores` of the two; the median of `tries`.
+    Two idle cores give about 2; with another process keeping one of two busy, three
+    threads share two cores and the figure is about 1.3.
+    """
+    if seconds <= 0 or tries < 1:
+        raise ValueError(f"seconds must be > 0 and tries >= 1, got {seconds}, {tries}")
+    cores = os.cpu_count() or 1
+    per_chunk = _hash_seconds(8) / 8
+    chunks = max(1, round(seconds / per_chunk))
+    offered = []
+    for _ in range(tries):
+        alone = _hash_seconds(chunks)
+        start, beside = threading.Barrier(cores), [0.0] * cores
+
+        def run(i):
+            beside[i] = _hash_seconds(chunks, start)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(cores)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        offered.append(offered_cores(alone, beside))
+    return statistics.median(offered)
 
 
 def core_shares(device_work: Callable[[], Any], *, tries: int = 5) -> tuple[float, float]:
