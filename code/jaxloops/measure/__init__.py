@@ -72,11 +72,11 @@ from jaxloops.measure.sweeps import (
 )
 from jaxloops.measure.throughput import (
     core_shares,
-    free_cores,
-    offered_cores,
     fit_against_bare_epoch,
+    free_cores,
     host_pipeline,
     interleaved_with_core_shares,
+    offered_cores,
     overlap_drivers,
     paired_ratio,
     predicted_step_seconds,

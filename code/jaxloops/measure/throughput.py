@@ -177,7 +177,7 @@ def free_cores(seconds: float = 0.2, tries: int = 3) -> float:
         alone = _hash_seconds(chunks)
         start, beside = threading.Barrier(cores), [0.0] * cores
 
-        def run(i):
+        def run(i, start=start, beside=beside):
             beside[i] = _hash_seconds(chunks, start)
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(cores)]
