@@ -195,3 +195,29 @@ def test_warm_prefetch_feeds_the_same_batches_from_threads_and_from_a_worker_pro
             for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(warm[name]()), strict=True):
                 np.testing.assert_array_equal(a, b)
     assert multiprocessing.active_children() == []  # stopped on leaving
+
+
+def test_step_phases_charges_a_slow_batch_to_the_wait(shards):
+    """A batch source that sleeps 30 ms before each batch: the wait holds the sleep, and the
+    dispatch and the computation of a tiny step do not."""
+    import time
+
+    from jaxloops import experiment_sizes
+
+    sizes = dataclasses.replace(
+        experiment_sizes("cpu").streaming, context=CONTEXT, hidden=(11,), batch_size=BATCH
+    )
+    run = streaming.stream_run(shards, sizes)
+    params, opt_state = run.init()
+    batch = jax.device_put(run.dataset[0])
+
+    def slow():
+        while True:
+            time.sleep(0.03)
+            yield batch
+
+    phases = streaming.step_phases(run.train_step, params, opt_state, slow(), steps=3)
+    assert list(phases) == ["wait", "dispatch", "compute"]
+    assert phases["wait"] >= 0.03 > max(phases["dispatch"], phases["compute"]), phases
+    with pytest.raises(ValueError, match="steps must be >= 1, got 0"):
+        streaming.step_phases(run.train_step, params, opt_state, slow(), steps=0)

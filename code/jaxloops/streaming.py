@@ -12,6 +12,8 @@ import dataclasses
 import functools
 import itertools
 import pathlib
+import statistics
+import time
 import zlib
 from typing import NamedTuple
 
@@ -230,6 +232,28 @@ def warm_prefetch(step, params, opt_state, dataset: grain.MapDataset, steps: int
     finally:
         for iterator in iterators.values():
             iterator.close()
+
+
+def step_phases(step, params, opt_state, batches, steps: int) -> dict[str, float]:
+    """Where each step of a loop that reads its loss every step spends its time: the median
+    seconds, over `steps` steps of the jitted `step` fed from the iterable `batches`, of
+    "wait" (taking the next batch until it is on the device), "dispatch" (the jitted call,
+    until it returns) and "compute" (from then until the loss is ready)."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    jitted, batches = jax.jit(step), iter(batches)
+    phases = {"wait": [], "dispatch": [], "compute": []}
+    for _ in range(steps):
+        start = time.perf_counter()
+        batch = jax.block_until_ready(next(batches))
+        taken = time.perf_counter()
+        params, opt_state, metrics = jitted(params, opt_state, batch)
+        dispatched = time.perf_counter()
+        float(metrics["loss"])
+        done = time.perf_counter()
+        for name, seconds in zip(phases, (taken - start, dispatched - taken, done - dispatched)):
+            phases[name].append(seconds)
+    return {name: statistics.median(seconds) for name, seconds in phases.items()}
 
 
 def idle_share(spans) -> float:
