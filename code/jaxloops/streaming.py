@@ -251,8 +251,9 @@ def step_phases(step, params, opt_state, batches, steps: int) -> dict[str, float
         dispatched = time.perf_counter()
         float(metrics["loss"])
         done = time.perf_counter()
-        for name, seconds in zip(phases, (taken - start, dispatched - taken, done - dispatched)):
-            phases[name].append(seconds)
+        phases["wait"].append(taken - start)
+        phases["dispatch"].append(dispatched - taken)
+        phases["compute"].append(done - dispatched)
     return {name: statistics.median(seconds) for name, seconds in phases.items()}
 
 
