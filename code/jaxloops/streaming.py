@@ -24,12 +24,7 @@ import numpy as np
 from jaxloops.data import Batch
 from jaxloops.loop import python_loop
 from jaxloops.measure.profile import busy_seconds
-from jaxloops.measure.throughput import (
-    core_shares,
-    host_pipeline,
-    predicted_step_seconds,
-    spin_iterations,
-)
+from jaxloops.measure.throughput import core_shares, predicted_step_seconds
 from jaxloops.measure.timing import interleaved_samples
 from jaxloops.text import VOCAB_SIZE
 
@@ -113,13 +108,6 @@ def text_batches(source, *, seed: int, batch_size: int, epochs: int) -> grain.Ma
                          f"got {batch_size}, {epochs}")  # fmt: skip
     dataset = grain.MapDataset.source(source).shuffle(seed=seed).repeat(epochs)
     return dataset.batch(batch_size, drop_remainder=True).map(decode)
-
-
-def with_host_work(dataset: grain.MapDataset, seconds: float) -> grain.MapDataset:
-    """Adds `seconds` of CPU-bound Python per batch (chapter 6's `host_pipeline`), standing
-    in for the decoding, augmentation or tokenising a real pipeline does."""
-    iterations = spin_iterations(seconds)
-    return dataset.map(lambda batch: next(host_pipeline([batch], iterations)))
 
 
 def unprefetched(dataset: grain.MapDataset) -> grain.DatasetIterator:
