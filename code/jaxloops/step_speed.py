@@ -299,7 +299,7 @@ def goal_findings(goal: dict, cores: float, cpu_count: int):
     reports them).
 
     Always: the step is under its ceiling (within `CEILING_MARGIN`). On a 2-core machine with
-    at least `TWO_FREE_CORES` free (about 2.0 when idle, 1.4 to 1.6 with one core kept busy):
+    at least `TWO_FREE_CORES` free (about 2.0 when idle, 1.05 to 1.6 with one core kept busy):
     at least `GOAL_OF_CEILING` of the ceiling, and a gradient of at most
     `GOAL_GRADIENT_OVER_FORWARD` forward passes. Elsewhere the goals are not checked, and the
     sentence says why.

@@ -164,8 +164,9 @@ def free_cores(seconds: float = 0.2, tries: int = 3) -> float:
 
     The same work (`_hash_seconds`, about `seconds` long) is timed on one thread alone, then
     on one thread per core all at once; `offered_cores` of the two; the median of `tries`.
-    Two idle cores give about 2; with another process keeping one of two busy, three
-    threads share two cores and the figure is about 1.3.
+    Two idle cores give about 2. With another process keeping one of two busy, three
+    threads share two cores: 1.33 if the three shared evenly; 1.4 to 1.6 measured on this
+    book's 2-core machine, and about 1.05 in a notebook beside a busy core.
     """
     if seconds <= 0 or tries < 1:
         raise ValueError(f"seconds must be > 0 and tries >= 1, got {seconds}, {tries}")
