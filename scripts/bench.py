@@ -21,8 +21,6 @@ from jaxloops.attention import textbook_attention
 from jaxloops.measure import describe_backend
 from jaxloops.measure.roofline import ROOFLINE_ENV
 
-LARGER = experiment_sizes().lm.goal  # L, D, N, K, F, T, B: issue 26's size
-
 
 def chapter_size() -> tuple[int, ...]:
     lm = experiment_sizes().lm
@@ -41,7 +39,7 @@ def main() -> None:
     print(f"{describe_backend()}, JAX {jax.__version__}, float32")
     header = f"{'size (L, D, N, K, F, T, B)':32s} {'tokens/s':>9s} {'GFLOP/s':>8s}"
     print(header + f" {'ceiling':>8s} {'of ceiling':>10s} {'grad/fwd':>8s}")
-    for sizes in (chapter_size(), LARGER):
+    for sizes in (chapter_size(), experiment_sizes().lm.goal):
         programs = step_speed.step_programs(sizes, jax.random.key(0))
         row = step_speed.step_rates(programs, args.rounds)
         print(f"{str(sizes):32s} {row['tokens_per_s']:9,.0f} {row['flops_per_s'] / 1e9:8.1f} "
