@@ -15,6 +15,7 @@ from jaxloops.blockwise import (
     heads_per_step,
     splits_diagonal,
     unmasked_key_blocks,
+    unrolls,
     visible_key_blocks,
 )
 
@@ -29,23 +30,30 @@ def qkv(t, s, heads, kv_heads, head_dim=5, batch=3):
 
 # Odd sizes; T > S and T < S; blocks that do not divide the lengths (and one bigger than
 # both); MHA, GQA and MQA; parallel query blocks that do not divide the number of blocks;
-# every tile walking alone, several heads a step, and all B * K heads a step.
+# every tile walking alone, several heads a step, and all B * K heads a step. unroll: None
+# is the default (short causal calls with T = S unroll), False walks, True unrolls.
 CASES = [
-    (13, 11, 3, 4, 2, True, 1),
-    (9, 13, 6, 3, 4, False, 30),
-    (11, 7, 1, 16, 4, True, 2048),
-    (7, 19, 2, 4, 3, True, 2048),
-    (7, 19, 2, 4, 3, True, 1),
+    (13, 11, 3, 4, 2, True, 1, None),
+    (9, 13, 6, 3, 4, False, 30, None),
+    (9, 13, 6, 3, 4, False, 30, True),  # full attention unrolled: a tile sees every key
+    (11, 7, 1, 16, 4, True, 2048, None),
+    (7, 19, 2, 4, 3, True, 2048, None),
+    (7, 19, 2, 4, 3, True, 1, None),
     # T = S, tiles of whole blocks: each masked block folded into the rows that see it
-    # (splits_diagonal), GQA (G = 3) and MHA, several heads a step and one.
-    (24, 24, 2, 4, 3, True, 2048),
-    (16, 16, 6, 4, 2, True, 1),
+    # (splits_diagonal), GQA (G = 3) and MHA, several heads a step and one; walked ...
+    (24, 24, 2, 4, 3, True, 2048, False),
+    (16, 16, 6, 4, 2, True, 1, False),
+    # ... and unrolled (the default here), in tiles of 8 with the last one padded.
+    (24, 24, 2, 4, 3, True, 2048, None),
+    (20, 20, 6, 4, 2, True, 1, None),
 ]
 
 
-@pytest.mark.parametrize("t, s, kv_heads, block_size, parallel, is_causal, rows_per_step", CASES)
+@pytest.mark.parametrize(
+    "t, s, kv_heads, block_size, parallel, is_causal, rows_per_step, unroll", CASES
+)
 def test_blockwise_forward_and_gradients_equal_naive(
-    t, s, kv_heads, block_size, parallel, is_causal, rows_per_step
+    t, s, kv_heads, block_size, parallel, is_causal, rows_per_step, unroll
 ):
     query, key, value = qkv(t, s, 6, kv_heads)
     weights = normal((3, t, 6, 5), 4)  # a loss that weighs every output differently
@@ -55,6 +63,7 @@ def test_blockwise_forward_and_gradients_equal_naive(
         block_size=block_size,
         parallel_blocks=parallel,
         rows_per_step=rows_per_step,
+        unroll=unroll,
     )
     naive = functools.partial(jaxloops.attention, is_causal=is_causal)
 
@@ -141,14 +150,13 @@ def test_only_blocks_that_cross_the_diagonal_or_hold_padding_are_masked():
 def test_default_tiles_depend_on_length_and_causality():
     # Full attention: one tiling at every length.
     assert {default_blocks(t, False) for t in (7, 512, 1024, 4096)} == {(512, 4)}
-    # Causal: key blocks of T / 4 (a power of two, 128 to 256), query tiles of 512.
-    assert default_blocks(1024, True) == (256, 2)
+    # Causal, up to T = 1024: blocks of 128, query tiles of 256 (at most four, unrolled).
+    assert {default_blocks(t, True) for t in (7, 512, 700, 1024)} == {(128, 2)}
+    # Longer: key blocks of T / 4 (a power of two, 128 to 256), query tiles of 512.
+    assert default_blocks(1025, True) == (256, 2)  # T / 4 = 256
     assert default_blocks(2048, True) == (256, 2)
     assert default_blocks(4096, True) == (256, 2)
-    assert default_blocks(512, True) == (128, 4)
     assert default_blocks(1500, True) == (256, 2)  # 375 rounds down to 256
-    assert default_blocks(700, True) == (128, 4)  # 175 rounds down to 128
-    assert default_blocks(7, True) == (128, 4)
     assert default_blocks(np.int64(2048), True) == (256, 2)
     # From T = 1024 on, the causal tiling has at least 2 query tiles and 4 key blocks, so it
     # skips blocks above the diagonal; full attention walks all of them.
@@ -186,9 +194,10 @@ def test_causal_schedule_walks_the_blocks_of_the_triangle_and_masks_its_diagonal
 def test_default_causal_tiling_skips_the_blocks_its_prediction_counts():
     # Chapter 9's prediction: full attention folds every (tile, block) pair of a Tq x Sb grid,
     # causal only those of the triangle. With the defaults at T = 2048: 4 tiles of 512 walk
-    # 2, 4, 6 and 8 of the 8 key blocks of 256, 20 of 32; at T = 1024, 2 tiles walk 2 and 4
-    # of 4, 6 of 8.
-    for t, expected in ((1024, (6, 8)), (2048, (20, 32))):
+    # 2, 4, 6 and 8 of the 8 key blocks of 256, 20 of 32; at T = 1024, 4 tiles of 256 see
+    # 2, 4, 6 and 8 of the 8 blocks of 128, 20 of 32 (unrolled, those before a tile are
+    # folded as one block, of as many scores).
+    for t, expected in ((1024, (20, 32)), (2048, (20, 32))):
         block, parallel = default_blocks(t, True)
         tiling = Tiling(T=t, S=t, Tq=block * parallel, Sb=block, is_causal=True)
         walked, _ = walked_and_masked(tiling, t // tiling.Tq, t // block)
@@ -214,11 +223,11 @@ def test_split_diagonal_computes_the_triangle_and_only_the_rows_it_skips_see_not
 
 
 def test_split_diagonal_prediction_at_the_default_tiles():
-    # T = 1024, tiles of 512, blocks of 256: tile 0 computes 512 x 256 + 256 x 256 scores,
-    # tile 1 2 x 512 x 256 unmasked and the same diagonal: 655,360 of 1,048,576 (1.6x fewer);
+    # T = 1024, tiles of 256, blocks of 128: tile c computes c x 256 x 256 unmasked scores
+    # and 256 x 128 + 128 x 128 on its diagonal: 589,824 of 1,048,576 (1.78x fewer);
     # T = 2048: 2,359,296 of 4,194,304 (1.78x). Not split (T != S): every walked block whole.
     full = lambda t: t * t
-    for t, expected in ((1024, 655_360), (2048, 2_359_296)):
+    for t, expected in ((1024, 589_824), (2048, 2_359_296)):
         block, parallel = default_blocks(t, True)
         tiling = Tiling(T=t, S=t, Tq=block * parallel, Sb=block, is_causal=True)
         assert computed_scores(tiling, t // tiling.Tq, t // block) == expected
@@ -239,6 +248,24 @@ def test_default_tiling_is_what_a_call_without_sizes_uses():
         other = functools.partial(fn, block_size=64, parallel_blocks=1)
         text = lambda f: jax.jit(f).lower(query, key, value).as_text()
         assert text(fn) == text(explicit) and text(fn) != text(other), is_causal
+
+
+def test_short_causal_calls_run_unrolled_and_the_rest_walk():
+    assert unrolls(Tiling(T=1024, S=1024, Tq=256, Sb=128, is_causal=True))  # 4 tiles
+    assert unrolls(Tiling(T=20, S=20, Tq=8, Sb=4, is_causal=True))  # the last tile padded
+    assert not unrolls(Tiling(T=1024, S=1024, Tq=128, Sb=128, is_causal=True))  # 8 tiles
+    assert not unrolls(Tiling(T=2048, S=2048, Tq=1024, Sb=256, is_causal=True))  # T > 1024
+    assert not unrolls(Tiling(T=1024, S=1024, Tq=256, Sb=128, is_causal=False))  # full
+    assert not unrolls(Tiling(T=20, S=21, Tq=8, Sb=4, is_causal=True))  # T != S
+    assert not unrolls(Tiling(T=24, S=24, Tq=12, Sb=8, is_causal=True))  # 12 % 8 != 0
+    # The compiled programs: the default causal call at T = 1024 has no loop, the walk has.
+    query, key, value = qkv(1024, 1024, 2, 1, head_dim=3, batch=1)
+    text = lambda **kw: jax.jit(
+        functools.partial(jaxloops.blockwise_attention, is_causal=True, **kw)
+    ).lower(query, key, value).as_text()  # fmt: skip
+    assert "while" not in text() and "while" in text(unroll=False)
+    with pytest.raises(ValueError, match="unroll=True needs T = S and query tiles of whole"):
+        jaxloops.blockwise_attention(*qkv(13, 11, 2, 1), is_causal=True, unroll=True)
 
 
 def test_online_softmax_over_two_blocks_equals_softmax():

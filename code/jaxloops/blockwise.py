@@ -28,10 +28,9 @@ from jaxloops.blockwise_tiles import (  # re-exported: the tiles' pieces, one im
     ROWS_PER_STEP,
     Tiling,
     computed_scores,
+    fold_rows,
     heads_per_step,
     online_softmax_step,
-    rows_from,
-    set_rows_from,
     splits_diagonal,
     tile_grads,
     tile_scores,
@@ -46,8 +45,10 @@ __all__ = (
     "ROWS_PER_STEP",
     "Tiling",
     "blockwise_attention",
+    "can_unroll",
     "computed_scores",
     "default_blocks",
+    "fold_rows",
     "heads_per_step",
     "online_softmax_step",
     "splits_diagonal",
@@ -55,6 +56,7 @@ __all__ = (
     "tile_scores",
     "to_tiles",
     "unmasked_key_blocks",
+    "unrolls",
     "visible_key_blocks",
     "walk_key_blocks",
     "walk_split_diagonal",
@@ -87,15 +89,9 @@ def _forward(query, key, value, tiling: Tiling):
             """Folds key block j into each head's queries rows[0] .. rows[1] - 1."""
             keys = lax.dynamic_slice_in_dim(key[j], first_head, per_step)  # (per_step, Sb, H)
             values = lax.dynamic_slice_in_dim(value[j], first_head, per_step)  # (per_step, Sb, H)
-            if rows == (0, Tq):
-                scores = tile_scores(query_tiles, keys, chunk * Tq, j * Sb, tiling, masked)
-                return online_softmax_step(carry, scores, values)  # scores: (per_step, R, Sb)
-            part = tiling._replace(Tq=rows[1] - rows[0])  # G heads of part.Tq queries each
-            scores = tile_scores(
-                rows_from(query_tiles, rows, Tq), keys, chunk * Tq + rows[0], j * Sb, part, masked
-            )  # (per_step, G * part.Tq, Sb)
-            new = online_softmax_step([rows_from(c, rows, Tq) for c in carry], scores, values)
-            return tuple(set_rows_from(c, rows, Tq, x) for c, x in zip(carry, new))
+            return fold_rows(
+                carry, query_tiles, keys, values, chunk * Tq, j * Sb, tiling, masked, rows
+            )
 
         init = (
             jnp.full((per_step, R), fill, jnp.float32),
@@ -116,6 +112,73 @@ def _forward(query, key, value, tiling: Tiling):
     return lax.map(one_step, (query, jnp.arange(n_steps)))
 
 
+# A causal call of at most this many query tiles and queries runs its forward pass unrolled
+# (`unrolls`): on the 2-core CPU of chapter 9, unrolled causal tiles ran faster than walked
+# ones at T = 1024, and unrolling full attention's tiles gained nothing (chapter 9 measures
+# both). The bound on T bounds the scores an unrolled tile holds at once (Tq x T at most).
+MAX_UNROLLED_TILES, MAX_UNROLLED_LENGTH = 4, 1024
+
+
+def can_unroll(tiling: Tiling) -> bool:
+    """Whether `_forward_unrolled` can run this tiling: full attention always; causal when
+    T = S and a query tile is whole key blocks (its diagonal is its own last blocks)."""
+    return not tiling.is_causal or (tiling.T == tiling.S and tiling.Tq % tiling.Sb == 0)
+
+
+def unrolls(tiling: Tiling) -> bool:
+    """Whether `blockwise_attention` unrolls the forward pass by default (unroll=None):
+    causal, `can_unroll`, at most MAX_UNROLLED_TILES query tiles and MAX_UNROLLED_LENGTH
+    queries."""
+    n_query_tiles = -(-tiling.T // tiling.Tq)
+    return (
+        tiling.is_causal
+        and can_unroll(tiling)
+        and n_query_tiles <= MAX_UNROLLED_TILES
+        and tiling.T <= MAX_UNROLLED_LENGTH
+    )
+
+
+def _forward_unrolled(query, key, value, tiling: Tiling):
+    """`_forward` with no loop: each query tile, for all heads at once, a step of its own.
+
+    The keys a tile's rows all see (causal: those before the tile; full: every key) are one
+    block, folded as one product of Tq x (keys) scores per head, so the scores of a tile are
+    no longer bounded by Tq x Sb. Causal, the tile's own Tq / Sb key blocks follow, each
+    folded into the rows that see it (as `walk_split_diagonal` does). Padded keys are seen
+    only by padded queries, which are dropped. Same arguments and results as `_forward`.
+    """
+    steps, per_step, R, H = query.shape
+    n_key_blocks, n_heads, Sb = key.shape[:3]
+    n_tiles, Tq = steps * per_step // n_heads, tiling.Tq
+    tiles = query.reshape(n_tiles, n_heads, R, H) * jnp.asarray(1.0 / math.sqrt(H), query.dtype)
+    # Every key of each head in order: (B * K, nS * Sb, H).
+    keys, values = (x.transpose(1, 0, 2, 3).reshape(n_heads, -1, H) for x in (key, value))
+    fill = masked_fill_value(jnp.float32)
+    outs, lses = [], []
+    for chunk in range(n_tiles):
+        carry = (
+            jnp.full((n_heads, R), fill, jnp.float32),
+            jnp.zeros((n_heads, R), jnp.float32),
+            jnp.zeros((n_heads, R, H), jnp.float32),
+        )
+        seen = chunk * Tq if tiling.is_causal else tiling.S  # keys every row sees
+        if seen:
+            carry = fold_rows(
+                carry, tiles[chunk], keys[:, :seen], values[:, :seen], chunk * Tq, 0,
+                tiling, False, (0, Tq),
+            )  # fmt: skip
+        for m in range(Tq // Sb if tiling.is_causal else 0):  # the tile's own key blocks
+            j = chunk * Tq // Sb + m
+            carry = fold_rows(
+                carry, tiles[chunk], key[j], value[j], chunk * Tq, j * Sb, tiling, True,
+                (m * Sb, Tq),
+            )  # fmt: skip
+        running_max, running_sum, out = carry
+        outs.append(out / running_sum[..., None])
+        lses.append(running_max + jnp.log(running_sum))
+    return jnp.stack(outs).reshape(query.shape), jnp.stack(lses).reshape(query.shape[:3])
+
+
 def _add_into(total, j, first_head, part):
     """total[j, first_head : first_head + per_step] += part.
 
@@ -126,8 +189,10 @@ def _add_into(total, j, first_head, part):
     return lax.dynamic_update_slice(total, block + part[None], start)
 
 
-def _backward(tiling: Tiling, residuals, d_out):
+def _backward(tiling: Tiling, forward, residuals, d_out):
     """Gradients w.r.t. the tiled query, key and value: the same walk, scores recomputed.
+
+    Whichever `forward` ran (walked or unrolled), the backward pass walks.
 
     Steps go one after another, each over its visible key blocks, adding into dQ of its
     tiles and into dK, dV of the key block; nothing of size T x S is kept.
@@ -174,13 +239,13 @@ def _backward(tiling: Tiling, residuals, d_out):
     return d_query.astype(query.dtype), d_key.astype(key.dtype), d_value.astype(value.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _blockwise_core(query, key, value, tiling: Tiling):
-    return _forward(query, key, value, tiling)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _blockwise_core(query, key, value, tiling: Tiling, forward=_forward):
+    return forward(query, key, value, tiling)[0]
 
 
-def _blockwise_core_fwd(query, key, value, tiling: Tiling):
-    out, lse = _forward(query, key, value, tiling)
+def _blockwise_core_fwd(query, key, value, tiling: Tiling, forward=_forward):
+    out, lse = forward(query, key, value, tiling)  # `_forward` or `_forward_unrolled`
     return out, (query, key, value, out, lse)  # O(T + S) residuals, no (T, S) array
 
 
@@ -189,25 +254,31 @@ _blockwise_core.defvjp(_blockwise_core_fwd, _backward)
 
 # Default tiles. Full attention: blocks of 512, four to a query tile (Tq = 2048), so that each
 # step's products are large. Causal: a tile skips the key blocks after its last query, and
-# (T = S) the rows of its diagonal blocks that see none of their keys; query tiles of 512 and
-# key blocks of T / 4 (128 to 256). On the 2-core CPU of chapter 9, tiles of fewer queries
-# ran their steps too slowly to gain, and key blocks of 512 ran slower at T = 2048 (see the
-# commit log).
+# (T = S) the rows of its diagonal blocks that see none of their keys. Up to T = 1024, query
+# tiles of 256 in key blocks of 128: at most four tiles, which run unrolled (`unrolls`).
+# Longer, query tiles of 512 and key blocks of T / 4 (128 to 256): walked, tiles of fewer
+# queries ran their steps too slowly to gain on the 2-core CPU of chapter 9, and key blocks
+# of 512 ran slower at T = 2048 (see the commit log).
 FULL_BLOCK, FULL_PARALLEL_BLOCKS = 512, 4
+SHORT_CAUSAL_BLOCK, SHORT_CAUSAL_PARALLEL_BLOCKS = 128, 2
 CAUSAL_QUERY_TILE, CAUSAL_MIN_BLOCK, CAUSAL_MAX_BLOCK = 512, 128, 256
 
 
 def default_blocks(T: int, is_causal: bool) -> tuple[int, int]:
     """(block_size, parallel_blocks) that `blockwise_attention` uses for T queries by default.
 
-    Full attention: (512, 4) at every T. Causal: key blocks of T / 4 rounded down to a power
-    of two and clipped to [128, 256], as many to a query tile as make it 512 queries.
+    Full attention: (512, 4) at every T. Causal: up to T = MAX_UNROLLED_LENGTH (1024),
+    (128, 2), query tiles of 256: at most four, unrolled. Longer: key blocks of T / 4 rounded
+    down to a power of two and clipped to [128, 256], as many to a query tile as make it 512
+    queries.
     """
     T = operator.index(T)  # a NumPy integer too
     if T < 1:
         raise ValueError(f"T must be >= 1, got {T}")
     if not is_causal:
         return FULL_BLOCK, FULL_PARALLEL_BLOCKS
+    if T <= MAX_UNROLLED_LENGTH:
+        return SHORT_CAUSAL_BLOCK, SHORT_CAUSAL_PARALLEL_BLOCKS
     quarter = 2 ** max(0, (T // 4).bit_length() - 1)  # largest power of two <= T / 4
     block = min(max(quarter, CAUSAL_MIN_BLOCK), CAUSAL_MAX_BLOCK)
     return block, CAUSAL_QUERY_TILE // block
@@ -215,7 +286,14 @@ def default_blocks(T: int, is_causal: bool) -> tuple[int, int]:
 
 @functools.partial(
     jax.jit,
-    static_argnames=("is_causal", "block_size", "parallel_blocks", "rows_per_step", "custom_vjp"),
+    static_argnames=(
+        "is_causal",
+        "block_size",
+        "parallel_blocks",
+        "rows_per_step",
+        "custom_vjp",
+        "unroll",
+    ),
 )
 def blockwise_attention(
     query,
@@ -227,6 +305,7 @@ def blockwise_attention(
     parallel_blocks: int | None = None,
     rows_per_step: int = ROWS_PER_STEP,
     custom_vjp: bool = True,
+    unroll: bool | None = None,
 ):
     """Attention that never materialises (T, S), forward or backward: memory linear in T, S.
 
@@ -246,6 +325,10 @@ def blockwise_attention(
       custom_vjp: False differentiates the same walk with plain autodiff instead, which
         keeps every trip's score tiles for the backward pass, and cannot differentiate a
         causal walk at all (its loop bounds depend on the tile); a control, not for use.
+      unroll: whether the forward pass runs with no loop (`_forward_unrolled`): each query
+        tile a step of its own, the keys all its rows see folded as one block (Tq x those
+        keys scores at once). None: `unrolls(tiling)` (short causal calls) with the custom
+        VJP, never without it. The backward pass always walks.
 
     Returns:
       (B, T, N, H), in the dtype of value. Differentiable: the backward pass recomputes
@@ -267,9 +350,19 @@ def blockwise_attention(
     tiling = Tiling(T, S, Tq, Sb, is_causal)
     per_step = heads_per_step(B * K, (N // K) * Tq, rows_per_step)
 
+    unroll = custom_vjp and unrolls(tiling) if unroll is None else unroll
+    if unroll and not can_unroll(tiling):
+        raise ValueError(
+            f"unroll=True needs T = S and query tiles of whole key blocks when causal: got T "
+            f"{T}, S {S}, {Tq} queries a tile, key blocks of {Sb}"
+        )
+    forward = _forward_unrolled if unroll else _forward
+
     tiles = to_tiles(query, key, value, Tq, Sb, per_step)
-    core = _blockwise_core if custom_vjp else lambda *args: _forward(*args)[0]
-    out = core(*tiles, tiling)  # (steps, per_step, R, H)
+    if custom_vjp:
+        out = _blockwise_core(*tiles, tiling, forward)  # (steps, per_step, R, H)
+    else:
+        out = forward(*tiles, tiling)[0]
     out = out.reshape(-1, B, K, N // K, Tq, H)  # (nT, B, K, G, Tq, H)
     out = out.transpose(1, 0, 4, 2, 3, 5).reshape(B, -1, N, H)  # (B, nT * Tq, N, H)
     return out[:, :T].astype(value.dtype)  # (B, T, N, H)

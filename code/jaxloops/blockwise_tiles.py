@@ -163,6 +163,26 @@ def set_rows_from(x, rows: tuple[int, int], Tq: int, part):
     return heads.at[:, :, rows[0] : rows[1]].set(part).reshape(x.shape)
 
 
+def fold_rows(carry, query_tile, key_block, value_block, q_start, k_start, tiling, masked, rows):
+    """Folds one key block into each head's queries rows[0] .. rows[1] - 1 of query tiles.
+
+    Args:
+      carry: running (max, sum, output) of the tiles' R = G * Tq rows (`online_softmax_step`).
+      query_tile: (..., R, H), scaled; key_block, value_block: (..., Sb, H).
+      q_start, k_start, masked: as in `tile_scores`; rows: (first, end) query of each head.
+    """
+    Tq = tiling.Tq
+    if rows == (0, Tq):
+        scores = tile_scores(query_tile, key_block, q_start, k_start, tiling, masked)
+        return online_softmax_step(carry, scores, value_block)  # scores: (..., R, Sb)
+    part = tiling._replace(Tq=rows[1] - rows[0])  # G heads of part.Tq queries each
+    scores = tile_scores(
+        rows_from(query_tile, rows, Tq), key_block, q_start + rows[0], k_start, part, masked
+    )  # (..., G * part.Tq, Sb)
+    new = online_softmax_step([rows_from(c, rows, Tq) for c in carry], scores, value_block)
+    return tuple(set_rows_from(c, rows, Tq, x) for c, x in zip(carry, new))
+
+
 def walk_split_diagonal(fold, chunk, tiling: Tiling, n_key_blocks: int, init):
     """`walk_key_blocks`, each masked block folded only into the tile's rows that see it.
 
