@@ -11,8 +11,9 @@ tiles walk together, several heads per step (`heads_per_step`), so that a step's
 are large enough to be worth splitting over the cores. The backward pass
 (`jax.custom_vjp`) keeps only Q, K, V, the output and one log-sum-exp per query row, and
 recomputes each tile's scores from them. Causal, with T = S, the forward pass folds each
-key block on the diagonal only into the rows that see some of it. What one tile does lives
-in `blockwise_tiles`.
+key block on the diagonal only into the rows that see some of it, and up to T = 1024 runs
+unrolled (`unrolls`): each tile a step of its own, the keys before it one block. What one
+tile does lives in `blockwise_tiles`.
 """
 
 import functools
@@ -307,7 +308,8 @@ def blockwise_attention(
     custom_vjp: bool = True,
     unroll: bool | None = None,
 ):
-    """Attention that never materialises (T, S), forward or backward: memory linear in T, S.
+    """Attention that never materialises (T, S), forward or backward: memory linear in T, S
+    (unrolled, a tile holds its scores against every key before it: at most Tq x S).
 
     Args:
       query: (B, T, N, H).
