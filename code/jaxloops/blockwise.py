@@ -142,16 +142,18 @@ def unrolls(tiling: Tiling) -> bool:
 def _forward_unrolled(query, key, value, tiling: Tiling):
     """`_forward` with no loop: each query tile, for all heads at once, a step of its own.
 
-    The keys a tile's rows all see (causal: those before the tile; full: every key) are one
-    block, folded as one product of Tq x (keys) scores per head, so the scores of a tile are
-    no longer bounded by Tq x Sb. Causal, the tile's own Tq / Sb key blocks follow, each
-    folded into the rows that see it (as `walk_split_diagonal` does). Padded keys are seen
-    only by padded queries, which are dropped. Same arguments and results as `_forward`.
+    The keys all of a tile's rows see (causal: those before the tile; full: every key)
+    are one block, folded as one product of Tq x (those keys) scores a head: a tile's
+    scores are no longer bounded by Tq x Sb. Causal, the tile's own Tq / Sb key blocks
+    follow, each folded into the rows that see it (as `walk_split_diagonal` does). Padded
+    keys are seen only by padded queries, which are dropped. Arguments and results as in
+    `_forward`.
     """
     steps, per_step, R, H = query.shape
     n_key_blocks, n_heads, Sb = key.shape[:3]
     n_tiles, Tq = steps * per_step // n_heads, tiling.Tq
-    tiles = query.reshape(n_tiles, n_heads, R, H) * jnp.asarray(1.0 / math.sqrt(H), query.dtype)
+    scale = jnp.asarray(1.0 / math.sqrt(H), query.dtype)
+    tiles = query.reshape(n_tiles, n_heads, R, H) * scale  # (tiles, B * K, R, H)
     # Every key of each head in order: (B * K, nS * Sb, H).
     keys, values = (x.transpose(1, 0, 2, 3).reshape(n_heads, -1, H) for x in (key, value))
     fill = masked_fill_value(jnp.float32)
