@@ -1,4 +1,5 @@
-"""Chapter 8's figures: each derived from known rows, and each wrong row rejected."""
+"""Chapters 8 and 9's figures and verdicts: each derived from known rows, and each wrong row
+rejected."""
 
 import pytest
 
@@ -113,3 +114,37 @@ def test_formula_ratios_divide_the_compiled_scratch_by_the_formula():
     figures = attention_figures.formula_ratios(sweep((16, 32)), 16, 32, formula, 1, 1)
     assert figures["ex_ratio_long"] == figures["ex_ratio_short"] == 1 / 8  # sweep keeps T²
     assert figures["ex_formula_mib"] == 8 * 32 * 32 / 2**20 and figures["ex_T_short"] == 16
+
+
+def test_the_causal_goal_is_checked_on_two_free_cores_and_the_floor_elsewhere():
+    met = {1024: 1.51, 2048: 1.52}
+    failed, sentence, checked = attention_figures.causal_goal(met, 1.98, 2, "cpu")
+    assert failed == [] and checked == [1024, 2048]
+    assert "checks 1.4 at every T ≥ 1024" in sentence and "1.98 here" in sentence
+    # A speedup under the goal at either length fails, with two free cores ...
+    for wrong in ({1024: 1.37}, {2048: 1.39}):
+        assert len(attention_figures.causal_goal({**met, **wrong}, 1.98, 2, "cpu")[0]) == 1
+    # ... while with a core taken (a busy build read 1.03 at T = 1024) only T >= 2048 is
+    # checked, against the floor, and the sentence says why.
+    failed, sentence, checked = attention_figures.causal_goal({**met, 1024: 1.03}, 1.0, 2, "cpu")
+    assert failed == [] and checked == [2048]
+    assert "checks 1.1 at T ≥ 2048 only" in sentence and "found 1.00 of 2 cores free" in sentence
+    assert len(attention_figures.causal_goal({**met, 2048: 1.05}, 1.0, 2, "cpu")[0]) == 1
+    assert attention_figures.causal_goal({2048: 1.2}, 7.9, 8, "cpu")[0] == []  # not 2 cores
+    failed, sentence, _ = attention_figures.causal_goal({2048: 1.05}, 2.0, 2, "gpu")
+    assert len(failed) == 1 and "runs on a gpu" in sentence
+    with pytest.raises(ValueError, match="no causal speedup"):
+        attention_figures.causal_goal({}, 2.0, 2, "cpu")
+
+
+def test_the_unroll_control_fails_a_slower_unrolled_call_only_on_two_free_cores():
+    ratio = {"causal": 1.53, "causal, unroll=False": 0.93, "full, unroll=True": 0.63}
+    failed, clause = attention_figures.unroll_findings(ratio, 1.98, 2, "cpu")
+    assert failed == [] and clause.startswith("1.65 times as fast as walked, faster")
+    slower = {**ratio, "causal, unroll=False": 1.6}  # walked faster than unrolled
+    assert len(attention_figures.unroll_findings(slower, 1.98, 2, "cpu")[0]) == 1
+    failed, clause = attention_figures.unroll_findings(slower, 1.06, 2, "cpu")
+    assert failed == [] and "found 1.06 of 2 cores free" in clause
+    faster_full = {**ratio, "full, unroll=True": 1.1}  # full attention gaining from unrolling
+    assert len(attention_figures.unroll_findings(faster_full, 1.06, 2, "cpu")[0]) == 1
+    assert "runs on a gpu" in attention_figures.unroll_findings(ratio, 2.0, 2, "gpu")[1]

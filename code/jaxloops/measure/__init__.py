@@ -1,6 +1,6 @@
 """Measuring: honest timing, throughput, attention sweeps, the roofline, and machine facts."""
 
-from jaxloops.measure import attention_figures as attention_figures  # ch08: parts_figures
+from jaxloops.measure import attention_figures as attention_figures  # ch08-09: causal_goal
 from jaxloops.measure import attention_plots as attention_plots  # ch10: kv_grouping
 from jaxloops.measure import comms as comms  # a module: measure.comms.per_step
 from jaxloops.measure import compiled as compiled  # a module: measure.compiled.fusions_of
