@@ -153,7 +153,7 @@ def test_the_page_fault_findings_fail_each_claim_that_the_figures_contradict():
     for kind, wrong in [
         ("huge pages", {"faults": 200.0}),  # only 5x fewer
         ("huge pages", {"seconds": {"step": 0.0099}}),  # 1 % faster only
-        ("memory kept", {"faults": 250.0}),  # a quarter: memory handed back
+        ("memory kept", {"faults": 1000.0}),  # as many: memory handed back
         ("memory kept", {"seconds": {"step": 0.0099}}),
         ("memory kept", {"gradient_over_forward": 5.2}),  # more than the default's 5.0
     ]:
