@@ -122,6 +122,7 @@ def test_fit_against_bare_epoch_counts_the_steps_of_both(digits, key):
     )
     assert out["steps"] == 2 * (digits.train.x.shape[0] // 300)
     assert out["fit"] > 0 and out["bare epoch"] > 0
+    assert out["bare_over_fit"] == pytest.approx(out["bare epoch"] / out["fit"])  # one round
     assert not params["dense_0"]["w"].is_deleted()  # copies were donated, not the caller's
 
 
