@@ -64,6 +64,17 @@ __all__ = (
 )
 
 
+def _empty_carry(heads: int, R: int, H: int):
+    """The online softmax's (max, sum, output) before any key: (heads, R), (heads, R) and
+    (heads, R, H) float32, the max at the fill value."""
+    fill = masked_fill_value(jnp.float32)
+    return (
+        jnp.full((heads, R), fill, jnp.float32),
+        jnp.zeros((heads, R), jnp.float32),
+        jnp.zeros((heads, R, H), jnp.float32),
+    )
+
+
 def _forward(query, key, value, tiling: Tiling):
     """Output and per-row log-sum-exp, one step (of per_step tiles) after another.
 
@@ -79,7 +90,6 @@ def _forward(query, key, value, tiling: Tiling):
     n_steps, per_step, R, H = query.shape
     n_key_blocks, n_heads, Sb = key.shape[:3]
     groups, Tq = n_heads // per_step, tiling.Tq  # steps per query chunk
-    fill = masked_fill_value(jnp.float32)
 
     def one_step(args):
         query_tiles, i = args  # (per_step, R, H), ()
@@ -94,11 +104,7 @@ def _forward(query, key, value, tiling: Tiling):
                 carry, query_tiles, keys, values, chunk * Tq, j * Sb, tiling, masked, rows
             )
 
-        init = (
-            jnp.full((per_step, R), fill, jnp.float32),
-            jnp.zeros((per_step, R), jnp.float32),
-            jnp.zeros((per_step, R, H), jnp.float32),
-        )
+        init = _empty_carry(per_step, R, H)
         if splits_diagonal(tiling):
             running_max, running_sum, out = walk_split_diagonal(
                 fold_key_block, chunk, tiling, n_key_blocks, init
@@ -156,14 +162,9 @@ def _forward_unrolled(query, key, value, tiling: Tiling):
     tiles = query.reshape(n_tiles, n_heads, R, H) * scale  # (tiles, B * K, R, H)
     # Every key of each head in order: (B * K, nS * Sb, H).
     keys, values = (x.transpose(1, 0, 2, 3).reshape(n_heads, -1, H) for x in (key, value))
-    fill = masked_fill_value(jnp.float32)
     outs, lses = [], []
     for chunk in range(n_tiles):
-        carry = (
-            jnp.full((n_heads, R), fill, jnp.float32),
-            jnp.zeros((n_heads, R), jnp.float32),
-            jnp.zeros((n_heads, R, H), jnp.float32),
-        )
+        carry = _empty_carry(n_heads, R, H)
         seen = chunk * Tq if tiling.is_causal else tiling.S  # keys every row sees
         if seen:
             carry = fold_rows(
