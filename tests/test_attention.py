@@ -129,9 +129,11 @@ def test_is_causal_is_the_top_left_mask():
 
 
 def test_causal_mask_offset_aligns_bottom_right():
-    bottom_right = np.asarray(jaxloops.causal_mask(3, 7, offset=4))
+    # Sizes and offset static, as in an eager call: one program per mask, not per operation.
+    causal_mask = jax.jit(jaxloops.causal_mask, static_argnums=(0, 1), static_argnames="offset")
+    bottom_right = np.asarray(causal_mask(3, 7, offset=4))
     np.testing.assert_array_equal(bottom_right, np.tril(np.ones((3, 7), bool), k=4))
-    np.testing.assert_array_equal(np.asarray(jaxloops.causal_mask(3, 7)).sum(axis=1), [1, 2, 3])
+    np.testing.assert_array_equal(np.asarray(causal_mask(3, 7)).sum(axis=1), [1, 2, 3])
 
 
 @pytest.mark.parametrize(
@@ -214,10 +216,11 @@ def test_blockwise_equals_naive_within_float32_rounding_and_a_wrong_answer_is_re
     assert _misses(got, expected, out_bound) <= 1
     assert _misses(shifted, expected, out_bound) > 100  # shifted positions: rejected
     for name, g, e in zip("qkv", got_grads, expected_grads):
+        g, e = np.asarray(g), np.asarray(e)  # the wrong answers made in NumPy: no programs
         grad_bound = attention_rounding_bound(query, key, np.abs(e).max())
         assert _misses(g, e, grad_bound) <= 1, f"d{name}"
         assert _misses(-g, e, grad_bound) > 100, f"d{name} sign-flipped is rejected"
-        assert _misses(jnp.zeros_like(g), e, grad_bound) > 100, f"d{name} zeroed is rejected"
+        assert _misses(np.zeros_like(g), e, grad_bound) > 100, f"d{name} zeroed is rejected"
 
 
 def test_the_rounding_bound_is_eps_times_sqrt_s_and_the_score_size():

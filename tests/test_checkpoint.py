@@ -196,29 +196,49 @@ def train_in_new_process(*args) -> subprocess.CompletedProcess:
     return finished
 
 
-def shared_runs(tmp_path_factory, worker_id, name, runs) -> dict:
-    """`runs(root)` once per session (`once_per_session`); its .npz files loaded."""
-    shared = once_per_session(tmp_path_factory, worker_id, name, runs)
-    arrays = {key: dict(np.load(shared[key])) for key in ("final", "uninterrupted")}
-    return {**shared, **arrays}
-
-
-def uninterrupted_npz(root, params, opt_state) -> str:
+def uninterrupted_npz(root, name, params, opt_state) -> str:
     flat = checkpoint.flat_arrays({"params": params, "opt_state": opt_state})
-    np.savez(root / "uninterrupted.npz", **flat)
-    return str(root / "uninterrupted.npz")
+    np.savez(root / f"{name}.npz", **flat)
+    return str(root / f"{name}.npz")
+
+
+def uninterrupted(run, epochs=EPOCHS):
+    """`run` trained for `epochs` epochs in this process, never stopped."""
+    params, opt_state, _ = jaxloops.fit(
+        run.key, *run.init(), run.train_step, run.data, batch_size=run.batch_size,
+        epochs=epochs, epochs_per_call=1,
+    )  # fmt: skip
+    return params, opt_state
 
 
 @pytest.fixture(scope="module")
-def mlp_runs(worker_cache, tmp_path_factory, worker_id):
-    """An MLP run stopped after STOP epochs here and one killed with SIGKILL after saving
-    epoch KILL in another process, both resumed in one new process; and the uninterrupted run."""
-    return shared_runs(tmp_path_factory, worker_id, "mlp-runs", run_mlp)
+def resumed_runs(worker_cache, tmp_path_factory, worker_id):
+    """Four interrupted runs, all resumed in one new process (once per session); and the
+    uninterrupted MLP and transformer runs, trained here meanwhile. See `run_all`."""
+    shared = once_per_session(tmp_path_factory, worker_id, "checkpoint-runs", run_all)
+    arrays = {key: dict(np.load(shared[key])) for key in ("final", "mlp", "transformer")}
+    return {**shared, **arrays}
 
 
-def run_mlp(root) -> dict:
-    run = checkpoint_worker.experiment("mlp", SIZES, CPU)
-    command = workers.command(
+@pytest.fixture(scope="module")
+def mlp_runs(resumed_runs):
+    """Runs 0-2: an MLP stopped after STOP epochs here, one killed with SIGKILL after saving
+    epoch KILL in another process, one sent SIGTERM in a third; the uninterrupted MLP."""
+    return {**resumed_runs, "uninterrupted": resumed_runs["mlp"]}
+
+
+@pytest.fixture(scope="module")
+def transformer_runs(resumed_runs):
+    """Run 3: a transformer stopped after STOP epochs in one process and resumed in a new one
+    (what both printed); the uninterrupted transformer."""
+    lines = (resumed_runs["transformer_stopped"] + resumed_runs["stdout"]).splitlines()
+    stdout = "\n".join(line for line in lines if line.startswith("transformer:"))
+    return {**resumed_runs, "uninterrupted": resumed_runs["transformer"], "stdout": stdout}
+
+
+def run_all(root) -> dict:
+    mlp, transformer = (checkpoint_worker.experiment(m, SIZES, CPU) for m in ("mlp", "transformer"))
+    killed_command = workers.command(
         "checkpoint", "train", f"mlp:{root / 'killed'}", "--epochs", EPOCHS, "--lost-at", KILL,
         *SIZES_ARG,
     )  # fmt: skip
@@ -226,72 +246,52 @@ def run_mlp(root) -> dict:
         "checkpoint", "train", f"mlp:{root / 'warned'}", "--epochs", EPOCHS, "--every", 100,
         "--slow", 1.0, *SIZES_ARG,
     )  # fmt: skip
-    with concurrent.futures.ThreadPoolExecutor() as pool:  # the killed run trains meanwhile
+    stopped = f"transformer:{root / 'stopped-transformer'}"
+    with concurrent.futures.ThreadPoolExecutor() as pool:  # the other processes run meanwhile
         killing = pool.submit(
-            subprocess.run, command, capture_output=True, text=True, env=workers.cpu_env(1)
-        )
-        # ... and one sent SIGTERM after its first epoch, which it trained without saving.
+            subprocess.run, killed_command, capture_output=True, text=True,
+            env=workers.cpu_env(1),
+        )  # fmt: skip
+        # ... one sent SIGTERM after its first epoch, which it trained without saving ...
         terminating = pool.submit(
             checkpoint_worker.kill_after, warned, "mlp: trained epoch 1", workers.cpu_env(1),
             signal.SIGTERM,
         )  # fmt: skip
+        # ... and a transformer stopped after STOP epochs in a process of its own.
+        stopping = pool.submit(train_in_new_process, stopped, "--epochs", EPOCHS, "--stop-at", STOP)
         manager = checkpoint.checkpoint_manager(root / "stopped", keep_last=2)
         jaxloops.fit(
-            run.key, *run.init(), run.train_step, run.data, batch_size=run.batch_size,
-            epochs=STOP, epochs_per_call=1, hook=checkpoint.checkpoint_hook(manager, run.key),
+            mlp.key, *mlp.init(), mlp.train_step, mlp.data, batch_size=mlp.batch_size,
+            epochs=STOP, epochs_per_call=1, hook=checkpoint.checkpoint_hook(manager, mlp.key),
         )  # fmt: skip
         manager.wait_until_finished()
-        params, opt_state, _ = jaxloops.fit(
-            run.key, *run.init(), run.train_step, run.data, batch_size=run.batch_size,
-            epochs=EPOCHS, epochs_per_call=1,
-        )  # fmt: skip
+        mlp_npz = uninterrupted_npz(root, "mlp", *uninterrupted(mlp))
+        transformer_npz = uninterrupted_npz(root, "transformer", *uninterrupted(transformer))
         killed = killing.result()
         term_status, term_printed = terminating.result()
+        transformer_stopped = stopping.result().stdout
     status, printed = killed.returncode, killed.stdout.splitlines()
     unfinished = checkpoint.temporary_dirs(root / "killed")
     warned_steps = checkpoint.checkpoint_manager(root / "warned", keep_last=2).all_steps()
     finished = train_in_new_process(
-        f"mlp:{root / 'stopped'}", f"mlp:{root / 'killed'}", f"mlp:{root / 'warned'}",
+        f"mlp:{root / 'stopped'}", f"mlp:{root / 'killed'}", f"mlp:{root / 'warned'}", stopped,
         "--epochs", EPOCHS, "--out", root / "final.npz",
     )  # fmt: skip
     return dict(
         unfinished=unfinished, left=checkpoint.temporary_dirs(root / "killed"),
         status=status, printed=printed, stdout=finished.stdout, final=str(root / "final.npz"),
         term_status=term_status, term_printed=term_printed, warned_steps=warned_steps,
-        uninterrupted=uninterrupted_npz(root, params, opt_state),
-    )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def transformer_runs(worker_cache, tmp_path_factory, worker_id):
-    """A transformer run stopped after STOP epochs in one process and resumed in a new one;
-    and the uninterrupted run, trained here meanwhile."""
-    return shared_runs(tmp_path_factory, worker_id, "transformer-runs", run_transformer)
-
-
-def run_transformer(root) -> dict:
-    run_args = f"transformer:{root / 'stopped'}", "--epochs", EPOCHS
-    with concurrent.futures.ThreadPoolExecutor() as pool:
-        stopping = pool.submit(train_in_new_process, *run_args, "--stop-at", STOP)
-        run = checkpoint_worker.experiment("transformer", SIZES, CPU)
-        params, opt_state, _ = jaxloops.fit(
-            run.key, *run.init(), run.train_step, run.data, batch_size=run.batch_size,
-            epochs=EPOCHS, epochs_per_call=1,
-        )  # fmt: skip
-        stopped = stopping.result()
-    finished = train_in_new_process(*run_args, "--out", root / "final.npz")
-    return dict(
-        stdout=stopped.stdout + finished.stdout, final=str(root / "final.npz"),
-        uninterrupted=uninterrupted_npz(root, params, opt_state),
+        transformer_stopped=transformer_stopped, mlp=mlp_npz, transformer=transformer_npz,
     )  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("runs", "index"),
-    [("mlp_runs", 0), ("mlp_runs", 1), ("mlp_runs", 2), ("transformer_runs", 0)],
+    [("mlp_runs", 0), ("mlp_runs", 1), ("mlp_runs", 2), ("transformer_runs", 3)],
 )
 def test_resumed_run_equals_the_uninterrupted_run_bit_for_bit(request, runs, index):
-    """Run `index` of the resuming process (0: the stopped run, 1: the killed one)."""
+    """Run `index` of the resuming process (0: the stopped MLP, 1: the killed one, 2: the
+    warned one, 3: the stopped transformer)."""
     runs = request.getfixturevalue(runs)
     reference, final = runs["uninterrupted"], runs["final"]
     assert len(reference) > 5

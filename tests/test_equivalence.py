@@ -1,7 +1,6 @@
 """The float32 rounding bounds accept a reordered computation and reject wrong ones."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -12,24 +11,31 @@ from jaxloops import equivalence
 B, CHUNKS, LR = 40, 8, 3e-3  # 8 chunks of 5 rows: the order in which 8 devices sum
 
 
+def numpy(tree):
+    return jax.tree.map(np.asarray, tree)
+
+
 @pytest.fixture(scope="module")
 def setup(digits):
-    batch = jaxloops.Batch(digits.train.x[:B], digits.train.y[:B])
+    # The data sliced, and the gradients combined, in NumPy (float32, the same operations in
+    # the same order): eager ops per leaf shape would each compile a program.
+    x, y = np.asarray(digits.train.x), np.asarray(digits.train.y)
+    batch = jaxloops.Batch(x[:B], y[:B])
     params = jaxloops.init_mlp(jax.random.key(3), (64, 13, 7, 10))
     grad = jax.jit(jax.grad(lambda p, b: jaxloops.mlp_loss(p, b)[0]))
-    g_one = grad(params, batch)
+    g_one = numpy(grad(params, batch))
     # The mean of 8 chunk means: the batch summed in another order, as the sharded step does.
     chunks = [jax.tree.map(lambda a, i=i: a[i::CHUNKS], batch) for i in range(CHUNKS)]
-    g_chunked = jax.tree.map(lambda *g: sum(g) / CHUNKS, *[grad(params, c) for c in chunks])
-    shifted = jaxloops.Batch(digits.train.x[1 : B + 1], digits.train.y[1 : B + 1])
+    g_chunked = jax.tree.map(lambda *g: sum(g) / CHUNKS, *[numpy(grad(params, c)) for c in chunks])
+    shifted = jaxloops.Batch(x[1 : B + 1], y[1 : B + 1])
     bound = equivalence.gradient_bound(jaxloops.mlp_loss, params, batch)
     return dict(
         params=params, g_one=g_one, bound=bound,
         answers={
             "reordered": g_chunked,
             "negated": jax.tree.map(lambda g: -g, g_chunked),
-            "zeroed": jax.tree.map(jnp.zeros_like, g_chunked),
-            "shifted": grad(params, shifted),  # the data order off by one row
+            "zeroed": jax.tree.map(np.zeros_like, g_chunked),
+            "shifted": numpy(grad(params, shifted)),  # the data order off by one row
         },
     )  # fmt: skip
 
@@ -50,18 +56,21 @@ def test_the_gradient_bound_rejects_a_wrong_gradient(setup, wrong):
 
 
 ANSWERS = [("reordered", True), ("negated", False), ("zeroed", False), ("shifted", False)]
+OPTIMIZER = jaxloops.make_optimizer(LR, 1e-2)
+
+
+@jax.jit  # one program for every case's two steps, not eager ops per leaf shape
+def first_step(grad, params):
+    """The parameters after one AdamW step from a fresh state with `grad`."""
+    updates, _ = OPTIMIZER.update(grad, OPTIMIZER.init(params), params)
+    return optax.apply_updates(params, updates)
 
 
 @pytest.mark.parametrize(("answer", "accepted"), ANSWERS)
 def test_the_step_bound_accepts_only_the_reordered_gradient(setup, answer, accepted):
     """One AdamW step from each gradient, against the step from the single device's."""
-    optimizer = jaxloops.make_optimizer(LR, 1e-2)
-    params, opt_state = setup["params"], optimizer.init(setup["params"])
-
-    def step(grad):
-        updates, _ = optimizer.update(grad, opt_state, params)
-        return optax.apply_updates(params, updates)
-
+    params = setup["params"]
+    step = lambda grad: first_step(grad, params)  # noqa: E731
     tolerance = equivalence.adam_step_bound(
         setup["g_one"], setup["bound"], params, learning_rate=LR
     )
@@ -85,15 +94,18 @@ def test_worst_ratio_treats_a_zero_tolerance_as_exact():
 
 @pytest.fixture(scope="module")
 def scaled_logits(digits):
-    params = jaxloops.init_mlp(jax.random.key(0), (64, 256, 256, 10))
-    x = digits.train.x[:200]
-    logits = np.asarray(jaxloops.mlp_logits(params, x), np.float64)
+    # Parameters and inputs as NumPy (10 w rounds the same there), the three forward passes
+    # one jitted program: no eager op per shape.
+    params = numpy(jaxloops.init_mlp(jax.random.key(0), (64, 256, 256, 10)))
+    x = np.asarray(digits.train.x)[:200]
+    logits_of = jax.jit(jaxloops.mlp_logits)
+    logits = np.asarray(logits_of(params, x), np.float64)
     scaled = jax.tree.map(lambda w: 10 * w, params)
     other = jaxloops.init_mlp(jax.random.key(1), (64, 256, 256, 10))
     return dict(
         params=params, x=x, logits=logits,
-        got=np.asarray(jaxloops.mlp_logits(scaled, x), np.float64),
-        stale=np.asarray(jaxloops.mlp_logits(other, x), np.float64),
+        got=np.asarray(logits_of(scaled, x), np.float64),
+        stale=np.asarray(logits_of(other, x), np.float64),
     )  # fmt: skip
 
 

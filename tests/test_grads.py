@@ -5,15 +5,25 @@ import optax
 import pytest
 
 import jaxloops
+from conftest import normal
+
+# Jitted once for the module: one compiled program instead of one per eager operation.
+sgd_update = jax.jit(jaxloops.sgd_update)
+apply_updates = jax.jit(optax.apply_updates)
+mlp_logits = jax.jit(jaxloops.mlp_logits)
 
 
 def _problem(key):
-    init_key, x_key, y_key = jax.random.split(key, 3)
-    params = jaxloops.init_mlp(init_key, (5, 7, 3))
-    batch = jaxloops.Batch(
-        jax.random.normal(x_key, (11, 5)), jax.random.randint(y_key, (11,), 0, 3)
-    )
+    params = jaxloops.init_mlp(key, (5, 7, 3))
+    labels = np.random.default_rng(1).integers(0, 3, 11).astype(np.int32)
+    batch = jaxloops.Batch(normal((11, 5)), labels)
     return params, batch
+
+
+def _float64(params, batch):
+    """params and batch.x in float64, as device arrays (no eager conversion to compile)."""
+    params64 = jax.tree.map(lambda p: jax.device_put(np.asarray(p, np.float64)), params)
+    return params64, jaxloops.Batch(np.asarray(batch.x, np.float64), batch.y)
 
 
 def test_gradient_tree_has_the_parameter_tree_structure(key):
@@ -27,10 +37,10 @@ def test_gradient_tree_has_the_parameter_tree_structure(key):
 def test_hand_written_sgd_equals_optax_sgd(key):
     params, batch = _problem(key)
     grads = jax.jit(jax.grad(lambda p: jaxloops.mlp_loss(p, batch)[0]))(params)
-    by_hand = jaxloops.sgd_update(params, grads, 0.3)
+    by_hand = sgd_update(params, grads, 0.3)
     sgd = optax.sgd(0.3)
-    updates, _ = sgd.update(grads, sgd.init(params), params)
-    by_optax = optax.apply_updates(params, updates)
+    updates, _ = jax.jit(sgd.update)(grads, sgd.init(params), params)
+    by_optax = apply_updates(params, updates)
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), by_hand, by_optax
     )
@@ -41,8 +51,7 @@ def test_hand_written_sgd_equals_optax_sgd(key):
 def test_finite_differences_agree_with_autodiff(key):
     params, batch = _problem(key)
     with jax.enable_x64(True):
-        params64 = jax.tree.map(lambda p: jnp.asarray(p, jnp.float64), params)
-        batch64 = jaxloops.Batch(jnp.asarray(batch.x, jnp.float64), batch.y)
+        params64, batch64 = _float64(params, batch)
         loss = jax.jit(lambda p: jaxloops.mlp_loss(p, batch64)[0])
         grads = jax.grad(loss)(params64)
         for path, index in [
@@ -51,13 +60,13 @@ def test_finite_differences_agree_with_autodiff(key):
             (("dense_1", "w"), (6, 0)),
         ]:
             numeric = jaxloops.finite_difference(loss, params64, path, index, eps=1e-5)
-            analytic = float(grads[path[0]][path[1]][index])
+            analytic = float(np.asarray(grads[path[0]][path[1]])[index])
             np.testing.assert_allclose(numeric, analytic, rtol=1e-5, atol=1e-8)
 
 
 def test_a_finite_difference_of_no_entry_is_refused_not_zero(key):
     params = jaxloops.init_mlp(key, (5, 7, 3))
-    loss = lambda p: jaxloops.mlp_logits(p, jnp.ones((2, 5))).sum()
+    loss = lambda p: jaxloops.mlp_logits(p, np.ones((2, 5), np.float32)).sum()
     with pytest.raises(ValueError, match=r"path \('dense_2', 'w'\) names no leaf"):
         jaxloops.finite_difference(loss, params, ("dense_2", "w"), (0, 0))
     with pytest.raises(ValueError, match=r"index \(5, 0\) is not an entry of leaf .* \(5, 7\)"):
@@ -70,12 +79,11 @@ def test_finite_difference_bound_passes_autodiff_and_rejects_wrong_gradients(key
     params, batch = _problem(key)
     entries = [(("dense_0", "w"), (3, 5)), (("dense_1", "b"), (2,)), (("dense_1", "w"), (6, 0))]
     with jax.enable_x64(True):
-        params64 = jax.tree.map(lambda p: jnp.asarray(p, jnp.float64), params)
-        batch64 = jaxloops.Batch(jnp.asarray(batch.x, jnp.float64), batch.y)
+        params64, batch64 = _float64(params, batch)
         loss = jax.jit(lambda p: jaxloops.mlp_loss(p, batch64)[0])
         grads = jax.grad(loss)(params64)
-        logits = jaxloops.mlp_logits(params64, batch64.x)
-        scale = float(loss(params64)) + 2 * float(jnp.abs(logits).max())
+        logits = np.asarray(mlp_logits(params64, batch64.x))
+        scale = float(loss(params64)) + 2 * float(np.abs(logits).max())
         terms = batch.x.shape[1] + batch.x.shape[0] + logits.shape[1]
         for path, index in entries:
             numeric = jaxloops.finite_difference(loss, params64, path, index, eps=1e-6)

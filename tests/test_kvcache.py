@@ -8,6 +8,12 @@ from conftest import normal
 from jaxloops import measure
 from jaxloops.attention import attention_rounding_bound
 
+# The tests of values call the step and the attention jitted: one program per shape, shared
+# by every test below that has that shape, where an eager call compiles each of their dozens
+# of operations. `start` is then traced: the tests of refusals by value call eagerly.
+jit_decode_step = jax.jit(jaxloops.decode_step)
+jit_decode_attention = jax.jit(jaxloops.decode_attention)
+
 
 def within_rounding(got, expected, query, key, value):
     """Equal up to float32 rounding (`attention_rounding_bound`, derived, not fitted)."""
@@ -61,10 +67,9 @@ def test_decoding_token_by_token_equals_causal_attention(kv_heads):
     key_ = normal((batch, length, kv_heads, head_dim), 2)
     value = normal((batch, length, kv_heads, head_dim), 3)
     cache_key = cache_value = np.zeros((batch, kv_heads, slots, head_dim), np.float32)
-    step = jax.jit(jaxloops.decode_step)
     outputs = []
     for t in range(length):
-        out, cache_key, cache_value = step(
+        out, cache_key, cache_value = jit_decode_step(
             query[:, t : t + 1], key_[:, t : t + 1], value[:, t : t + 1], cache_key, cache_value, t
         )
         outputs.append(out)
@@ -107,18 +112,18 @@ def test_prefill_then_steps_equal_causal_attention(kv_heads):
         head_dim=head_dim,
         dtype=jnp.float32,
     )
-    step = jax.jit(jaxloops.decode_step)
-    out, cache_key, cache_value = step(
+    out, cache_key, cache_value = jit_decode_step(
         query[:, :prefill], key_[:, :prefill], value[:, :prefill], layer["key"], layer["value"], 0
     )  # the prompt's T = 4 tokens at once
     outputs = [out]
     for t in range(prefill, length):
-        out, cache_key, cache_value = step(
+        out, cache_key, cache_value = jit_decode_step(
             query[:, t : t + 1], key_[:, t : t + 1], value[:, t : t + 1], cache_key, cache_value, t
         )
         outputs.append(out)
     expected = jaxloops.attention(query, key_, value, is_causal=True)
     within_rounding(np.concatenate(outputs, axis=1), expected, query, key_, value)
+    cache_key = np.asarray(cache_key)  # sliced in NumPy: no program per slice
     np.testing.assert_array_equal(cache_key[:, :, :length], key_.swapaxes(1, 2))  # (B, K, S, H)
     assert not np.any(cache_key[:, :, length:])  # slots not reached stay empty
 
@@ -129,8 +134,8 @@ def test_decode_tokens_after_a_prefill_equals_causal_attention(kv_heads):
     query = normal((batch, length, heads, head_dim), 7)
     key_ = normal((batch, length, kv_heads, head_dim), 8)
     value = normal((batch, length, kv_heads, head_dim), 9)
-    cache_key = cache_value = jnp.zeros((batch, kv_heads, slots, head_dim))
-    first, cache_key, cache_value = jaxloops.decode_step(
+    cache_key = cache_value = np.zeros((batch, kv_heads, slots, head_dim), np.float32)
+    first, cache_key, cache_value = jit_decode_step(
         query[:, :2], key_[:, :2], value[:, :2], cache_key, cache_value, 0
     )
     rest, cache_key, _ = jaxloops.decode_tokens(
@@ -138,7 +143,7 @@ def test_decode_tokens_after_a_prefill_equals_causal_attention(kv_heads):
     )
     expected = jaxloops.attention(query, key_, value, is_causal=True)
     within_rounding(np.concatenate([first, rest], axis=1), expected, query, key_, value)
-    np.testing.assert_array_equal(cache_key[:, :, :length], key_.swapaxes(1, 2))
+    np.testing.assert_array_equal(np.asarray(cache_key)[:, :, :length], key_.swapaxes(1, 2))
 
 
 @pytest.mark.parametrize(
@@ -174,12 +179,12 @@ def test_decode_step_on_the_cache_without_unit_axes_equals_the_full_cache(batch,
     key_ = normal((batch, length, kv_heads, head_dim), 11)
     value = normal((batch, length, kv_heads, head_dim), 12)
     cache = np.asarray(normal((batch, kv_heads, slots, head_dim), 13))  # stale slots too
-    full = jaxloops.decode_step(query, key_, value, cache, cache, 2)
-    carried = jaxloops.decode_step(
+    full = jit_decode_step(query, key_, value, cache, cache, 2)
+    carried = jit_decode_step(
         query, key_, value, jaxloops.drop_unit_axes(cache), jaxloops.drop_unit_axes(cache), 2
     )
     np.testing.assert_array_equal(carried[0], full[0])
-    np.testing.assert_array_equal(carried[1], jaxloops.drop_unit_axes(full[1]))
+    np.testing.assert_array_equal(carried[1], jaxloops.drop_unit_axes(np.asarray(full[1])))
 
 
 def test_decode_attention_rejects_a_drop_unit_axes_that_does_not_fit():
@@ -195,7 +200,9 @@ def test_a_start_past_the_cache_is_refused_by_value_and_checkified_when_traced()
     query = normal((batch, 2, heads, head_dim), 1)  # T = 2 new tokens
     new = normal((batch, 2, kv_heads, head_dim), 2)
     cache = np.zeros((batch, kv_heads, slots, head_dim), np.float32)
-    out, *_ = jaxloops.decode_step(query, new, new, cache, cache, 5)  # slots 5, 6: fits
+    # A static start is checked by value at trace time, as in an eager call, in one program.
+    fitting = jax.jit(jaxloops.decode_step, static_argnums=5)
+    out, *_ = fitting(query, new, new, cache, cache, 5)  # slots 5, 6: fits
     assert out.shape == query.shape
     for start in (6, 9, -1):
         with pytest.raises(ValueError, match=rf"start {start} does not fit 2 new tokens"):
@@ -222,9 +229,8 @@ def test_cached_decoding_equals_uncached_within_float32_rounding_and_wrong_cache
     bound = attention_rounding_bound(query, key_, np.abs(value).max())
 
     def decoded(cache_key, positions_shift=0):
-        cache_key = jnp.asarray(cache_key)
-        cache_value = jnp.zeros((batch, kv_heads, slots, head_dim))
-        first, cache_key, cache_value = jaxloops.decode_step(
+        cache_value = np.zeros((batch, kv_heads, slots, head_dim), np.float32)
+        first, cache_key, cache_value = jit_decode_step(
             query[:, :prefill], key_[:, :prefill], value[:, :prefill], cache_key, cache_value, 0
         )
         rest, *_ = jaxloops.decode_tokens(
@@ -252,10 +258,10 @@ def test_cached_decoding_equals_uncached_within_float32_rounding_and_wrong_cache
         key_[:, :7].swapaxes(1, 2),
         value[:, :7].swapaxes(1, 2),
     )
-    written = jaxloops.decode_attention(query[:, 6:7], cache_key, cache_value, 6)
+    written = np.asarray(jit_decode_attention(query[:, 6:7], cache_key, cache_value, 6))
     assert float(np.abs(written - expected[:, 6:7]).max()) / bound <= 1
     cache_key[:, :, 6] = cache_value[:, :, 6] = 0.0
-    stale = jaxloops.decode_attention(query[:, 6:7], cache_key, cache_value, 6)
+    stale = np.asarray(jit_decode_attention(query[:, 6:7], cache_key, cache_value, 6))
     assert float(np.abs(stale - expected[:, 6:7]).max()) / bound > 100
 
 
@@ -266,7 +272,7 @@ def test_sizes_below_one_are_refused_by_name():
         )
     with pytest.raises(ValueError, match="0 query heads"):
         jaxloops.attention_kind(0, 1)
-    cache = jnp.zeros((2, 1, 3, 4))
-    tokens = jnp.zeros((2, 5, 1, 4))  # T = 5 > S = 3
+    cache = np.zeros((2, 1, 3, 4), np.float32)
+    tokens = np.zeros((2, 5, 1, 4), np.float32)  # T = 5 > S = 3
     with pytest.raises(ValueError, match="5 tokens cannot fit a cache of 3 slots"):
         jaxloops.decode_tokens(tokens, tokens, tokens, cache, cache, 0)

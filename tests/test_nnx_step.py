@@ -12,25 +12,31 @@ import pytest
 nnx = pytest.importorskip("flax.nnx")
 
 import jaxloops  # noqa: E402
+from conftest import normal  # noqa: E402
 from jaxloops import equivalence, nnx_step  # noqa: E402
 from jaxloops.data import Batch  # noqa: E402
 
 SIZES = (13, 11, 7, 5)  # odd, distinct widths: a transposed kernel cannot pass
 LR = 3e-3
+# One optimizer for every test: the compiled steps (the pytree step below, nnx.jit's step,
+# which keys on the optimizer) are reused across tests instead of compiled again for each.
+TX = jaxloops.make_optimizer(LR, 1e-2)
+PYTREE_STEP = jax.jit(jaxloops.make_train_step(jaxloops.mlp_loss, TX))
 
 
 def setup(steps=3, batch_size=9):
     params = jaxloops.init_mlp(jax.random.key(0), SIZES)
-    x = jax.random.normal(jax.random.key(1), (steps, batch_size, SIZES[0]))
-    y = jax.random.randint(jax.random.key(2), (steps, batch_size), 0, SIZES[-1])
-    return params, [Batch(x[i], y[i]) for i in range(steps)], jaxloops.make_optimizer(LR, 1e-2)
+    # NumPy draws (no sampler compiled per shape), put on the device.
+    x = normal((steps, batch_size, SIZES[0]), seed=1)
+    y = np.random.default_rng(2).integers(0, SIZES[-1], (steps, batch_size), dtype=np.int32)
+    return params, [jax.device_put(Batch(x[i], y[i])) for i in range(steps)], TX
 
 
-def pytree_steps(params, tx, batches):
-    step = jax.jit(jaxloops.make_train_step(jaxloops.mlp_loss, tx))
-    opt_state = tx.init(params)
+def pytree_steps(params, batches):
+    """The pytree step with TX, one step per batch."""
+    opt_state = TX.init(params)
     for batch in batches:
-        params, opt_state, _ = step(params, opt_state, batch)
+        params, opt_state, _ = PYTREE_STEP(params, opt_state, batch)
     return params
 
 
@@ -38,25 +44,28 @@ def test_the_module_holds_the_pytree_and_computes_its_logits():
     params, batches, _ = setup()
     model = nnx_step.MLP(params)
     assert jax.tree.structure(nnx_step.to_pytree(model)) == jax.tree.structure(params)
-    np.testing.assert_array_equal(model(batches[0].x), jaxloops.mlp_logits(params, batches[0].x))
+    # Both compiled (one program each, not eager ops per shape): the same operations, so
+    # the same bits.
+    got = nnx.jit(lambda m, x: m(x))(model, batches[0].x)
+    np.testing.assert_array_equal(got, jax.jit(jaxloops.mlp_logits)(params, batches[0].x))
 
 
 @pytest.mark.parametrize("form", ["nnx.jit", "split/merge"])
 def test_both_forms_end_where_the_pytree_step_does(form):
     params, batches, tx = setup()
-    got, want = nnx_step.nnx_steps(params, tx, batches, form), pytree_steps(params, tx, batches)
+    got, want = nnx_step.nnx_steps(params, tx, batches, form), pytree_steps(params, batches)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
 def test_the_one_step_bound_passes_nnx_and_rejects_a_sign_flipped_step():
     params, batches, tx = setup(steps=1)
-    grads = jax.grad(lambda p: jaxloops.mlp_loss(p, batches[0])[0])(params)
+    grads = jax.jit(jax.grad(lambda p, b: jaxloops.mlp_loss(p, b)[0]))(params, batches[0])
     bound = equivalence.adam_step_bound(
         grads, equivalence.gradient_bound(jaxloops.mlp_loss, params, batches[0]), params,
         learning_rate=LR,
     )  # fmt: skip
-    want = pytree_steps(params, tx, batches)
+    want = pytree_steps(params, batches)
     for form in ("nnx.jit", "split/merge"):
         got = nnx_step.nnx_steps(params, tx, batches, form)
         assert equivalence.worst_ratio(got, want, bound) <= 1

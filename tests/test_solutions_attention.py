@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import jaxloops
+from conftest import normal
 from jaxloops import generation, measure
 from jaxloops.solutions import attention as ex
 
@@ -25,12 +26,18 @@ def library():
     return jax.jit(jax.nn.dot_product_attention, static_argnames=("is_causal", "local_window_size"))
 
 
+# The masks in one program per (T, S, window, offset), not one per operation of an eager call.
+sliding_window_mask = jax.jit(
+    ex.sliding_window_mask, static_argnums=(0, 1, 2), static_argnames="offset"
+)
+
+
 # Chapter 8.
 def test_naive_temp_formula_is_the_leading_term_of_the_compiled_scratch():
     # Long enough that the (B, N, T, S) arrays dominate the Q, K, V and output copies.
     b, t, s, n, h = 1, 257, 263, 3, 7
-    query = jnp.ones((b, t, n, h), jnp.float32)
-    key = jnp.ones((b, s, n, h), jnp.float32)
+    query = np.ones((b, t, n, h), np.float32)
+    key = np.ones((b, s, n, h), np.float32)
     predicted = ex.naive_attention_temp_bytes(b, n, t, s, jnp.float32)
     compiled = measure.compiled_costs(jax.nn.dot_product_attention, query, key, key)["temp_bytes"]
     assert predicted <= compiled < 1.25 * predicted
@@ -49,7 +56,7 @@ def test_einsum_attention_equals_jax(qkv, library):
 
 def test_einsum_attention_refuses_heads_that_do_not_group():
     with pytest.raises(ValueError, match="9 is not a multiple of 4"):
-        ex.einsum_attention(jnp.ones((1, 3, 9, 5)), jnp.ones((1, 7, 4, 5)), jnp.ones((1, 7, 4, 5)))
+        ex.einsum_attention(np.ones((1, 3, 9, 5)), np.ones((1, 7, 4, 5)), np.ones((1, 7, 4, 5)))
 
 
 @pytest.mark.parametrize("split", [1, 7])
@@ -59,13 +66,15 @@ def test_split_kv_attention_equals_full_attention(qkv, library, split):
 
 # Chapter 9.
 def test_chunked_prefill_equals_causal_attention(qkv, library):
-    got = ex.chunked_causal_attention(*qkv, chunk=4)  # chunks of 4, 4 and 3 queries
+    # Jitted: its chunks, masks and attentions in one program, not one per operation.
+    chunked = jax.jit(ex.chunked_causal_attention, static_argnames="chunk")
+    got = chunked(*qkv, chunk=4)  # chunks of 4, 4 and 3 queries
     np.testing.assert_allclose(got, library(*qkv, is_causal=True), atol=2e-6)
 
 
 def test_sliding_window_mask_equals_jax_local_window(qkv, library):
     window = 4
-    mask = ex.sliding_window_mask(L, L, window)
+    mask = sliding_window_mask(L, L, window)
     assert np.asarray(mask).sum(axis=1).tolist() == [min(t + 1, window) for t in range(L)]
     got = jaxloops.attention(*qkv, mask=mask)
     want = library(*qkv, is_causal=True, local_window_size=(window - 1, 0))
@@ -73,14 +82,14 @@ def test_sliding_window_mask_equals_jax_local_window(qkv, library):
 
 
 def test_sliding_window_with_offset_is_the_bottom_rows_of_the_full_window():
-    full = np.asarray(ex.sliding_window_mask(11, 11, 3))
-    np.testing.assert_array_equal(ex.sliding_window_mask(4, 11, 3, offset=7), full[7:])
+    full = np.asarray(sliding_window_mask(11, 11, 3))
+    np.testing.assert_array_equal(sliding_window_mask(4, 11, 3, offset=7), full[7:])
 
 
 def test_top_left_causal_single_query_returns_the_first_value(qkv, library):
-    query, key, value = qkv
+    query, key, value = (np.asarray(x) for x in qkv)  # sliced in NumPy: no program per slice
     out = np.asarray(library(query[:, -1:], key, value, is_causal=True))  # (B, 1, N, H)
-    first = np.repeat(np.asarray(value[:, :1]), N // K, axis=2)  # slot 0's value, per query head
+    first = np.repeat(value[:, :1], N // K, axis=2)  # slot 0's value, per query head
     np.testing.assert_allclose(out, first, atol=1e-6)
 
 
@@ -110,12 +119,10 @@ def test_max_kv_heads_refuses_an_impossible_budget():
 
 def test_ragged_decode_equals_jax_with_sequence_lengths():
     b, s, n, k, h = 5, 11, 9, 3, 7
-    query = measure.random_qkv(jax.random.key(4), batch=b, length=1, heads=n, head_dim=h)[
-        0
-    ]  # (B, 1, N, H)
-    cache_key = measure.random_cache(jax.random.key(5), b, s, k, h, jnp.float32)  # (B, K, S, H)
-    cache_value = measure.random_cache(jax.random.key(6), b, s, k, h, jnp.float32)
-    lengths = jnp.array([1, 11, 4, 7, 2], jnp.int32)
+    query = normal((b, 1, n, h), 4)  # (B, 1, N, H)
+    cache_key = normal((b, k, s, h), 5)  # (B, K, S, H)
+    cache_value = normal((b, k, s, h), 6)
+    lengths = np.array([1, 11, 4, 7, 2], np.int32)
     got = jax.jit(ex.ragged_decode_attention)(query, cache_key, cache_value, lengths)
     want = jax.jit(jax.nn.dot_product_attention)(
         query, cache_key.swapaxes(1, 2), cache_value.swapaxes(1, 2), key_value_seq_lengths=lengths
@@ -123,24 +130,28 @@ def test_ragged_decode_equals_jax_with_sequence_lengths():
     np.testing.assert_allclose(got, want, atol=2e-6)
     for bad in ([0, 11, 4, 7, 2], [1, 12, 4, 7, 2]):  # no slot, or one past the cache
         with pytest.raises(ValueError, match=r"lengths \[.*\] must be \(B,\) = \(5,\) ints"):
-            ex.ragged_decode_attention(query, cache_key, cache_value, jnp.array(bad))
+            ex.ragged_decode_attention(query, cache_key, cache_value, np.array(bad, np.int32))
 
 
 # Chapter 11.
 def test_temperature_probs_are_what_sample_token_draws(key):
-    logits = jnp.array([2.0, -1.0, 0.5, 1.5, -3.0])
+    logits = np.array([2.0, -1.0, 0.5, 1.5, -3.0], np.float32)
     draws = 20_000
     sample = jax.jit(jax.vmap(lambda k: generation.sample_token(k, logits[None], 0.7)[0]))
     counts = np.bincount(np.asarray(sample(jax.random.split(key, draws))), minlength=5)
     # Four standard errors of a frequency at most 0.5: 4 * sqrt(0.25 / 20000) < 0.015.
-    np.testing.assert_allclose(counts / draws, ex.temperature_probs(logits, 0.7), atol=0.015)
+    probs = jax.jit(ex.temperature_probs, static_argnums=1)(logits, 0.7)  # one program
+    np.testing.assert_allclose(counts / draws, probs, atol=0.015)
 
 
 def test_temperature_moves_from_argmax_to_uniform():
-    logits = jnp.array([[2.0, -1.0, 0.5, 1.5, -3.0, 0.0, 1.0]])
-    np.testing.assert_array_equal(ex.temperature_probs(logits, 0.0), jax.nn.one_hot([0], 7))
-    entropy = lambda p: float(-(p * jnp.log(p)).sum())
-    entropies = [entropy(ex.temperature_probs(logits, t)) for t in (0.3, 0.7, 1.0, 3.0, 100.0)]
+    logits = np.array([[2.0, -1.0, 0.5, 1.5, -3.0, 0.0, 1.0]], np.float32)
+    temperatures = (0.0, 0.3, 0.7, 1.0, 3.0, 100.0)
+    # Every temperature in one program, not one per operation; entropies in NumPy.
+    argmax, *probs = jax.jit(lambda x: [ex.temperature_probs(x, t) for t in temperatures])(logits)
+    np.testing.assert_array_equal(argmax, np.eye(7)[[0]])  # one-hot on index 0
+    entropy = lambda p: float(-(p * np.log(p)).sum())
+    entropies = [entropy(np.asarray(p)) for p in probs]
     assert entropies == sorted(entropies)
     np.testing.assert_allclose(entropies[-1], math.log(7), rtol=1e-3)
 
@@ -156,7 +167,7 @@ def test_incremental_logits_equal_the_full_forward_pass(key):
         max_len=11,
     )
     params = jaxloops.init_transformer(key, config)
-    tokens = jnp.asarray(np.random.default_rng(1).integers(0, 13, (3, 7)), jnp.int32)
+    tokens = np.random.default_rng(1).integers(0, 13, (3, 7)).astype(np.int32)
     got = ex.incremental_logits(params, tokens, prefill=4)  # prefill 4, then 3 decode steps
     want = jax.jit(jaxloops.transformer_logits)(params, tokens)
     np.testing.assert_allclose(got, want, atol=1e-5)

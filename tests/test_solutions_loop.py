@@ -1,5 +1,7 @@
 """The book's exercise solutions, each checked against a reference."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,19 +10,47 @@ import pytest
 from sklearn import metrics
 
 import jaxloops
+from conftest import normal
 from jaxloops import measure
 from jaxloops.solutions import loop as exercises
+
+# The package's functions, jitted once for the whole module: one compiled program per shape
+# (and static argument) instead of one per eager operation and shape. Validation by value
+# (smoothing, k) happens at trace time, so those arguments are static.
+label_smoothed_cross_entropy = jax.jit(exercises.label_smoothed_cross_entropy, static_argnums=2)
+top_k_accuracy = jax.jit(exercises.top_k_accuracy, static_argnums=2)
+cross_entropy = jax.jit(jaxloops.cross_entropy)
+confusion_matrix = jax.jit(jaxloops.confusion_matrix, static_argnums=2)
+apply_updates = jax.jit(optax.apply_updates)
+momentum_update = jax.jit(exercises.momentum_update)
+
+
+# The step t is static: adamw_update's bias corrections 1 - b^t are then Python floats, as
+# when it is called eagerly, not float32 arithmetic on a traced t.
+@functools.partial(jax.jit, static_argnums=0)
+def adamw_update(t, params, grads, m, v, learning_rate, weight_decay):
+    return exercises.adamw_update(params, grads, (t, m, v), learning_rate, weight_decay)
+
+
+cross_entropy_grad = jax.jit(jax.grad(jaxloops.cross_entropy))
+
+
+@jax.jit
+def optax_smoothed_cross_entropy(logits, labels, smoothing):
+    """The reference: optax's label smoothing and softmax cross-entropy."""
+    targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1]), smoothing)
+    return optax.softmax_cross_entropy(logits, targets).mean()
 
 
 # Chapter 1.
 def test_traced_shapes_records_exactly_the_cache_misses():
-    f32, i32 = jnp.float32, jnp.int32
+    f32, i32 = np.float32, np.int32  # host arrays: jit caches them by shape and dtype too
     inputs = [
-        jnp.ones(3, f32),
-        jnp.zeros(3, f32),
-        jnp.ones(5, f32),
-        jnp.ones(3, f32),
-        jnp.ones(3, i32),
+        np.ones(3, f32),
+        np.zeros(3, f32),
+        np.ones(5, f32),
+        np.ones(3, f32),
+        np.ones(3, i32),
     ]
     traced = exercises.traced_shapes(lambda x: x * 2, inputs)
     assert traced == [((3,), "float32"), ((5,), "float32"), ((3,), "int32")]
@@ -29,7 +59,8 @@ def test_traced_shapes_records_exactly_the_cache_misses():
 # Chapter 2.
 @pytest.mark.parametrize("n, batch_size", [(21, 7), (23, 7), (11, 3), (13, 13)])
 def test_ragged_compile_count_matches_counted_compilations(n, batch_size):
-    data = jaxloops.Batch(jnp.ones((n, 5)), jnp.zeros(n, jnp.int32))
+    # Host arrays: slicing them compiles nothing, so the log holds the step's compiles only.
+    data = jaxloops.Batch(np.ones((n, 5), np.float32), np.zeros(n, np.int32))
     total = jax.jit(lambda batch: batch.x.sum() + batch.y.sum())
     with measure.count_compiles() as log:
         for batch in jaxloops.ragged_batches(data, batch_size):
@@ -65,47 +96,46 @@ def test_mlp_parameter_count_equals_the_leaves_of_init_mlp(key):
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.3])
-def test_label_smoothing_equals_optax(key, smoothing):
-    logits = 3 * jax.random.normal(key, (5, 7))
-    labels = jnp.array([0, 6, 3, 3, 1])
-    targets = optax.smooth_labels(jax.nn.one_hot(labels, 7), smoothing)
-    expected = optax.softmax_cross_entropy(logits, targets).mean()
+def test_label_smoothing_equals_optax(smoothing):
+    logits = 3 * normal((5, 7))
+    labels = np.array([0, 6, 3, 3, 1], np.int32)
+    expected = optax_smoothed_cross_entropy(logits, labels, smoothing)
     np.testing.assert_allclose(
-        exercises.label_smoothed_cross_entropy(logits, labels, smoothing), expected, rtol=1e-6
+        label_smoothed_cross_entropy(logits, labels, smoothing), expected, rtol=1e-6
     )
 
 
 def test_label_smoothing_is_stable_and_reduces_to_cross_entropy():
-    logits = jnp.array([[10.0, 20.0, 1000.0]])
-    labels = jnp.array([2])
-    smoothed = exercises.label_smoothed_cross_entropy(logits, labels, 0.0)
-    assert jnp.isfinite(smoothed)
-    np.testing.assert_allclose(smoothed, jaxloops.cross_entropy(logits, labels), atol=1e-6)
-    assert jnp.isfinite(exercises.label_smoothed_cross_entropy(logits, labels, 0.1))
+    logits = np.array([[10.0, 20.0, 1000.0]], np.float32)
+    labels = np.array([2], np.int32)
+    smoothed = label_smoothed_cross_entropy(logits, labels, 0.0)
+    assert np.isfinite(smoothed)
+    np.testing.assert_allclose(smoothed, cross_entropy(logits, labels), atol=1e-6)
+    assert np.isfinite(label_smoothed_cross_entropy(logits, labels, 0.1))
 
 
 # Chapter 4.
-def test_cross_entropy_gradient_is_softmax_minus_one_hot(key):
-    logits = jax.random.normal(key, (5, 7))
-    labels = jnp.array([0, 6, 3, 3, 1])
-    autodiff = jax.grad(jaxloops.cross_entropy)(logits, labels)
+def test_cross_entropy_gradient_is_softmax_minus_one_hot():
+    logits = normal((5, 7))
+    labels = np.array([0, 6, 3, 3, 1], np.int32)
+    autodiff = cross_entropy_grad(logits, labels)
     np.testing.assert_allclose(
-        exercises.softmax_cross_entropy_grad(logits, labels), autodiff, atol=1e-7
+        jax.jit(exercises.softmax_cross_entropy_grad)(logits, labels), autodiff, atol=1e-7
     )
 
 
 def test_momentum_by_hand_equals_optax_sgd_with_momentum(key):
     params = jaxloops.init_mlp(key, (5, 7, 3))
     optimizer = optax.sgd(0.1, momentum=0.9)
-    opt_state = optimizer.init(params)
-    by_hand, velocity = params, jax.tree.map(jnp.zeros_like, params)
+    opt_state, update = optimizer.init(params), jax.jit(optimizer.update)
+    by_hand, velocity = params, jax.tree.map(np.zeros_like, params)
     for step in range(3):
         grads = jax.tree.map(
-            lambda p, step=step: jnp.sin(p * (step + 1)), by_hand
+            lambda p, step=step: np.sin(np.asarray(p) * (step + 1)), by_hand
         )  # a different gradient each step
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        by_hand, velocity = exercises.momentum_update(by_hand, grads, velocity, 0.1, 0.9)
+        updates, opt_state = update(grads, opt_state, params)
+        params = apply_updates(params, updates)
+        by_hand, velocity = momentum_update(by_hand, grads, velocity, 0.1, 0.9)
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), by_hand, params
     )
@@ -115,14 +145,16 @@ def test_momentum_by_hand_equals_optax_sgd_with_momentum(key):
 def test_adamw_by_hand_equals_make_optimizer(key):
     params = jaxloops.init_mlp(key, (5, 7, 3))
     optimizer = jaxloops.make_optimizer(1e-2, 0.1)
-    opt_state = optimizer.init(params)
+    opt_state, update = optimizer.init(params), jax.jit(optimizer.update)
     by_hand = params
-    state = (0, jax.tree.map(jnp.zeros_like, params), jax.tree.map(jnp.zeros_like, params))
+    state = (0, jax.tree.map(np.zeros_like, params), jax.tree.map(np.zeros_like, params))
     for step in range(3):
-        grads = jax.tree.map(lambda p, step=step: jnp.cos(p * (step + 2)), by_hand)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        by_hand, state = exercises.adamw_update(by_hand, grads, state, 1e-2, 0.1)
+        grads = jax.tree.map(lambda p, step=step: np.cos(np.asarray(p) * (step + 2)), by_hand)
+        updates, opt_state = update(grads, opt_state, params)
+        params = apply_updates(params, updates)
+        t, m, v = state
+        by_hand, (_, m, v) = adamw_update(t, by_hand, grads, m, v, 1e-2, 0.1)
+        state = (t + 1, m, v)
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), by_hand, params
     )
@@ -134,20 +166,20 @@ def test_clipping_rescales_large_gradients_and_leaves_small_ones(key):
         exercises.make_clipped_optimizer(1e-2, 0.1, 1.0),
         jaxloops.make_optimizer(1e-2, 0.1),
     )
-    big = jax.tree.map(lambda p: 100.0 * jnp.ones_like(p), params)
-    norm = optax.tree.norm(big)
+    big = jax.tree.map(lambda p: np.full(p.shape, 100.0, np.float32), params)
+    norm = np.asarray(jax.jit(optax.tree.norm)(big))
     small = jax.tree.map(lambda g: g / (2 * norm), big)  # global norm 0.5
+    clipped_update, plain_update = jax.jit(clipped.update), jax.jit(plain.update)
     for grads, equivalent in [(big, jax.tree.map(lambda g: g / norm, big)), (small, small)]:
-        got, _ = clipped.update(grads, clipped.init(params), params)
-        want, _ = plain.update(equivalent, plain.init(params), params)
+        got, _ = clipped_update(grads, clipped.init(params), params)
+        want, _ = plain_update(equivalent, plain.init(params), params)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), got, want)
 
 
 # Chapter 6.
 def test_accumulated_gradients_give_the_full_batch_step(key):
-    init_key, data_key = jax.random.split(key)
-    params = jaxloops.init_mlp(init_key, (5, 7, 3))
-    batch = jaxloops.Batch(jax.random.normal(data_key, (15, 5)), jnp.arange(15) % 3)
+    params = jaxloops.init_mlp(key, (5, 7, 3))
+    batch = jaxloops.Batch(normal((15, 5)), np.arange(15, dtype=np.int32) % 3)
     optimizer = jaxloops.make_optimizer(1e-2, 0.1)
     full = jax.jit(jaxloops.make_train_step(jaxloops.mlp_loss, optimizer))
     micro = jax.jit(exercises.make_accumulating_train_step(jaxloops.mlp_loss, optimizer, 3))
@@ -163,7 +195,7 @@ def test_accumulation_refuses_an_uneven_split(key):
     params = jaxloops.init_mlp(key, (5, 3))
     step = exercises.make_accumulating_train_step(jaxloops.mlp_loss, optax.sgd(0.1), 4)
     with pytest.raises(ValueError, match="15 does not split into 4"):
-        step(params, (), jaxloops.Batch(jnp.ones((15, 5)), jnp.zeros(15, jnp.int32)))
+        step(params, (), jaxloops.Batch(np.ones((15, 5), np.float32), np.zeros(15, np.int32)))
 
 
 @pytest.mark.parametrize("steps, log_every", [(11, 1), (11, 3), (9, 3), (7, None)])
@@ -181,7 +213,7 @@ def test_precision_recall_f1_equal_scikit_learn():
     predictions = np.where(
         rng.random(97) < 0.6, labels, rng.integers(0, 4, 97)
     )  # class 4 never predicted wrongly
-    counts = jaxloops.confusion_matrix(jnp.asarray(labels), jnp.asarray(predictions), 5)
+    counts = confusion_matrix(labels, predictions, 5)
     want = metrics.precision_recall_fscore_support(
         labels, predictions, labels=range(5), zero_division=0
     )[:3]
@@ -190,29 +222,27 @@ def test_precision_recall_f1_equal_scikit_learn():
 
 
 @pytest.mark.parametrize("k", [1, 2, 5])
-def test_top_k_accuracy_equals_scikit_learn(key, k):
-    logits = jax.random.normal(key, (13, 7))
-    labels = jnp.arange(13) % 7
-    expected = metrics.top_k_accuracy_score(
-        np.asarray(labels), np.asarray(logits), k=k, labels=range(7)
-    )
-    np.testing.assert_allclose(exercises.top_k_accuracy(logits, labels, k), expected, rtol=1e-6)
+def test_top_k_accuracy_equals_scikit_learn(k):
+    logits = normal((13, 7))
+    labels = np.arange(13, dtype=np.int32) % 7
+    expected = metrics.top_k_accuracy_score(labels, logits, k=k, labels=range(7))
+    np.testing.assert_allclose(top_k_accuracy(logits, labels, k), expected, rtol=1e-6)
 
 
-def test_top_k_accuracy_ignores_masked_rows(key):
-    logits = jax.random.normal(key, (11, 5))
-    labels = jnp.arange(11) % 5
-    mask = jnp.arange(11) < 7
+def test_top_k_accuracy_ignores_masked_rows():
+    logits = normal((11, 5))
+    labels = np.arange(11, dtype=np.int32) % 5
+    mask = np.arange(11) < 7
     np.testing.assert_allclose(
-        exercises.top_k_accuracy(logits, labels, 2, mask),
-        exercises.top_k_accuracy(logits[:7], labels[:7], 2),
+        top_k_accuracy(logits, labels, 2, mask),
+        top_k_accuracy(logits[:7], labels[:7], 2),
         rtol=1e-6,
     )
 
 
 def test_a_global_read_inside_jit_is_frozen_at_trace_time(key):
     params = jaxloops.init_mlp(key, (5, 3))
-    grads = jax.tree.map(jnp.ones_like, params)
+    grads = jax.tree.map(np.ones_like, params)
     before, after = exercises.frozen_global_demo(params, grads)
     assert float(before) > 0
     assert float(after) == float(before)  # setting LEARNING_RATE = 0 changed nothing

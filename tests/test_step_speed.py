@@ -2,9 +2,11 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from backend_marks import xla_cpu_only
+from conftest import normal
 from jaxloops import step_speed
 
 TINY = (1, 8, 2, 1, 12, 5, 3)  # L, D, N, K, F, T, B
@@ -55,28 +57,29 @@ def test_summary_adds_up_the_groups_and_names_the_furthest_above_its_prediction(
 def test_the_textbook_control_computes_what_attention_computes():
     from jaxloops.attention import attention, attention_rounding_bound, textbook_attention
 
-    q_key, k_key, v_key = jax.random.split(jax.random.key(4), 3)
-    query = jax.random.normal(q_key, (3, 7, 6, 5))  # (B, T, N, H)
-    key = jax.random.normal(k_key, (3, 7, 2, 5))  # (B, S, K, H), G = 3
-    value = jax.random.normal(v_key, (3, 7, 2, 5))
+    # NumPy data, and the comparisons in NumPy: the only programs are the ones under test.
+    query = normal((3, 7, 6, 5), 1)  # (B, T, N, H)
+    key = normal((3, 7, 2, 5), 2)  # (B, S, K, H), G = 3
+    value = normal((3, 7, 2, 5), 3)
 
     def grads(attend, causal=True):
         loss = lambda q, k, v: (attend(q, k, v, is_causal=causal) ** 2).sum()  # noqa: E731
-        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(query, key, value)
+        dq_dk_dv = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(query, key, value)
+        return [np.asarray(g) for g in dq_dk_dv]
 
-    out = attention(query, key, value, is_causal=True)
-    bound = attention_rounding_bound(query, key, jnp.abs(value).max())
-    error = float(jnp.abs(textbook_attention(query, key, value) - out).max())
+    out = np.asarray(attention(query, key, value, is_causal=True))
+    bound = attention_rounding_bound(query, key, np.abs(value).max())
+    error = float(np.abs(np.asarray(textbook_attention(query, key, value)) - out).max())
     assert error <= bound
     want, got = grads(attention), grads(textbook_attention)
-    scale = max(float(jnp.abs(g).max()) for g in want)
+    scale = max(float(np.abs(g).max()) for g in want)
     grad_bound = attention_rounding_bound(query, key, scale)
-    assert max(float(jnp.abs(a - b).max()) for a, b in zip(want, got)) <= grad_bound
+    assert max(float(np.abs(a - b).max()) for a, b in zip(want, got)) <= grad_bound
     # A known-wrong answer: the control without its causal mask is rejected by both bounds.
-    wrong = textbook_attention(query, key, value, is_causal=False)
-    assert float(jnp.abs(wrong - out).max()) > bound
+    wrong = np.asarray(textbook_attention(query, key, value, is_causal=False))
+    assert float(np.abs(wrong - out).max()) > bound
     wrong_grads = grads(textbook_attention, causal=False)
-    assert max(float(jnp.abs(a - b).max()) for a, b in zip(want, wrong_grads)) > grad_bound
+    assert max(float(np.abs(a - b).max()) for a, b in zip(want, wrong_grads)) > grad_bound
 
 
 def test_step_seconds_times_each_program_by_name(programs):

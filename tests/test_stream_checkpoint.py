@@ -5,8 +5,8 @@ The GPU machine's Python has no grain (it is not among the wheels carried to it:
 scripts/fetch_wheels.sh), so `pytest.importorskip` skips this module in its suite.
 """
 
+import concurrent.futures
 import dataclasses
-import subprocess
 
 import numpy as np
 import pytest
@@ -78,23 +78,24 @@ def test_no_checkpoint_restores_nothing_and_another_stream_is_refused(shards, tm
 
 
 def test_a_run_killed_mid_epoch_resumes_bit_for_bit(shards, tmp_path):
-    """SIGKILL after the save of step 20 (batch 7 of 13 in epoch 2); the resumed run (in this
-    process, from the killed one's checkpoints) ends equal to one that never stopped."""
+    """SIGKILL after the save of step 20 (batch 7 of 13 in epoch 2) in another process; the
+    resumed run (here, from the killed one's checkpoints) ends equal to one that never
+    stopped (here, meanwhile)."""
     args = ("--shards", shards, "--sizes", workers.sizes_json(streaming=SIZES))
-    env = workers.cpu_env(1)
-    full = subprocess.Popen(
-        workers.command("streaming", tmp_path / "full", *args, "--out", tmp_path / "full.npz"),
-        env=env, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    status, printed = checkpoint_worker.kill_after(
-        workers.command("streaming", tmp_path / "killed", *args, "--slow", 0.3),
-        f"saved step {SIZES.kill_step}",
-        env,
-    )
-    assert full.wait() == 0 and status == -9 and printed[-1] == "saved step 20"
-    start, state = streaming_worker.train(tmp_path / "killed", shards, SIZES, log=lambda _: None)
+    quiet = lambda _: None
+    with concurrent.futures.ThreadPoolExecutor() as pool:
+        killing = pool.submit(
+            checkpoint_worker.kill_after,
+            workers.command("streaming", tmp_path / "killed", *args, "--slow", 0.3),
+            f"saved step {SIZES.kill_step}",
+            workers.cpu_env(1),
+        )
+        _, full = streaming_worker.train(tmp_path / "full", shards, SIZES, log=quiet)
+        status, printed = killing.result()
+    assert status == -9 and printed[-1] == "saved step 20"
+    start, state = streaming_worker.train(tmp_path / "killed", shards, SIZES, log=quiet)
     per_epoch = 40 // SIZES.batch_size
     assert 0 < start <= SIZES.kill_step and start % per_epoch  # mid-epoch
-    want, got = dict(np.load(tmp_path / "full.npz")), checkpoint.flat_arrays(state)
+    want, got = checkpoint.flat_arrays(full), checkpoint.flat_arrays(state)
     assert want.keys() == got.keys() and not equivalence.differing(got, want)
     assert max(float(np.max(np.abs(got[n] - want[n]))) for n in want) == 0.0

@@ -1,7 +1,6 @@
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -9,11 +8,21 @@ import pytest
 import jaxloops
 from jaxloops import measure, train
 
+# One optimizer for the module, its init and plain step jitted once: the tests that do not
+# count compilations share their compiled programs.
+OPTIMIZER = jaxloops.make_optimizer(1e-2, 1e-2)
+INIT = jax.jit(OPTIMIZER.init)
+STEP = jax.jit(jaxloops.make_train_step(jaxloops.mlp_loss, OPTIMIZER))
+
 
 def _setup(key, sizes=(64, 11, 10)):
     params = jaxloops.init_mlp(key, sizes)
-    optimizer = jaxloops.make_optimizer(1e-2, 1e-2)
-    return params, optimizer, optimizer.init(params)
+    return params, OPTIMIZER, INIT(params)
+
+
+def _first(data, n):
+    """The first n examples, sliced on the host (an eager slice compiles per shape)."""
+    return jaxloops.Batch(*(jax.device_put(np.asarray(a)[:n]) for a in data))
 
 
 def test_decay_mask_selects_weight_matrices_only(key):
@@ -26,10 +35,10 @@ def test_decay_mask_selects_weight_matrices_only(key):
 
 def test_weight_decay_leaves_biases_alone(key):
     params = jaxloops.init_mlp(key, (5, 7, 3))
-    params = jax.tree.map(lambda p: p + 1.0, params)  # nonzero biases
+    params = jax.tree.map(lambda p: np.asarray(p) + 1.0, params)  # nonzero biases
     optimizer = jaxloops.make_optimizer(0.1, 0.5)
-    zero_grads = jax.tree.map(jnp.zeros_like, params)
-    updates, _ = optimizer.update(zero_grads, optimizer.init(params), params)
+    zero_grads = jax.tree.map(np.zeros_like, params)
+    updates, _ = jax.jit(optimizer.update)(zero_grads, jax.jit(optimizer.init)(params), params)
     # With zero gradients only the decay moves anything: -lr * wd * w on weights, 0 on biases.
     np.testing.assert_allclose(
         updates["dense_0"]["w"], -0.1 * 0.5 * params["dense_0"]["w"], rtol=1e-6
@@ -60,8 +69,8 @@ def test_ragged_last_batch_costs_a_second_compilation(digits, key):
 
 def test_train_step_reduces_the_loss(digits, key):
     params, optimizer, opt_state = _setup(key)
-    step = jax.jit(jaxloops.make_train_step(jaxloops.mlp_loss, optimizer))
-    batch = jaxloops.Batch(digits.train.x[:128], digits.train.y[:128])
+    step = STEP
+    batch = _first(digits.train, 128)
     _, _, first = step(params, opt_state, batch)
     for _ in range(20):
         params, opt_state, metrics = step(params, opt_state, batch)
@@ -84,8 +93,8 @@ def test_non_finite_optimizer_settings_are_rejected_by_value(lr, wd, bad):
 
 def test_the_step_count_is_the_optimizers_counter(digits, key):
     params, optimizer, opt_state = _setup(key)
-    step = jax.jit(jaxloops.make_train_step(jaxloops.mlp_loss, optimizer))
-    batch = jaxloops.Batch(digits.train.x[:32], digits.train.y[:32])
+    step = STEP
+    batch = _first(digits.train, 32)
     assert int(train.step_count(opt_state)) == 0
     for _ in range(3):
         params, opt_state, _ = step(params, opt_state, batch)
@@ -96,8 +105,8 @@ def test_the_step_count_is_the_optimizers_counter(digits, key):
 
 def test_the_keyed_step_without_dropout_is_the_plain_step(digits, key):
     params, optimizer, opt_state = _setup(key)
-    batch = jaxloops.Batch(digits.train.x[:32], digits.train.y[:32])
-    plain = jax.jit(jaxloops.make_train_step(jaxloops.mlp_loss, optimizer))
+    batch = _first(digits.train, 32)
+    plain = STEP
     keyed = jax.jit(train.make_keyed_train_step(jaxloops.mlp_loss, optimizer))
     want = plain(params, opt_state, batch)
     got = keyed(params, opt_state, batch, jax.random.key(5))
@@ -107,7 +116,7 @@ def test_the_keyed_step_without_dropout_is_the_plain_step(digits, key):
 
 def test_the_keyed_step_draws_from_fold_in_of_its_key_and_the_count(digits, key):
     params, optimizer, opt_state = _setup(key)
-    batch = jaxloops.Batch(digits.train.x[:32], digits.train.y[:32])
+    batch = _first(digits.train, 32)
 
     def loss(params, batch, key):  # reports the number it drew, to see which key it got
         value, aux = jaxloops.mlp_loss(params, batch)
@@ -127,7 +136,7 @@ def test_the_keyed_step_draws_from_fold_in_of_its_key_and_the_count(digits, key)
 
 def test_the_keyed_step_with_dropout_is_deterministic_given_key_and_state(digits, key):
     params, optimizer, opt_state = _setup(key)
-    batch = jaxloops.Batch(digits.train.x[:32], digits.train.y[:32])
+    batch = _first(digits.train, 32)
     loss = functools.partial(jaxloops.mlp_loss, dropout_rate=0.5)
     step = jax.jit(train.make_keyed_train_step(loss, optimizer))
     first = step(params, opt_state, batch, jax.random.key(5))[0]["dense_0"]["w"]
