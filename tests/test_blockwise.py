@@ -82,15 +82,20 @@ def test_blockwise_forward_and_gradients_equal_naive(
         np.testing.assert_allclose(g, e, atol=2e-5, err_msg=f"d{name}")
 
 
+@jax.jit
+def causal_output_and_value_grad(query, key, value):
+    """Blockwise causal attention in blocks of 4, and d(sum of outputs)/d value: one program
+    (eagerly, the gradient's small operations would each compile on their own)."""
+    attend = lambda v: jaxloops.blockwise_attention(query, key, v, is_causal=True, block_size=4)
+    return attend(value), jax.grad(lambda v: attend(v).sum())(value)
+
+
 def test_blockwise_agrees_with_float64_reference_forward_and_backward():
     query, key, value = qkv(10, 9, 6, 2, head_dim=4, batch=2)
-    got = jaxloops.blockwise_attention(query, key, value, is_causal=True, block_size=4)
+    got, grad = map(np.asarray, causal_output_and_value_grad(query, key, value))
     expected = measure.reference_attention(query, key, value, is_causal=True)
     np.testing.assert_allclose(got, expected, atol=1e-6)
     # d(sum of outputs)/d value: each key's total weight over the rows that see it.
-    grad = jax.grad(
-        lambda v: jaxloops.blockwise_attention(query, key, v, is_causal=True, block_size=4).sum()
-    )(value)
     step = 1e-3
     bumped = value.astype(np.float64).copy()
     bumped[0, 3, 1, 2] += step
@@ -239,15 +244,22 @@ def test_split_diagonal_prediction_at_the_default_tiles():
     assert computed_scores(unaligned, 3, 6) == (2 + 4 + 6) * 8 * 4
 
 
-def test_default_tiling_is_what_a_call_without_sizes_uses():
+@functools.cache
+def lowered_text(**options) -> str:
+    """The lowered program of blockwise_attention(**options) at T = S = 1024, B = K = 1,
+    N = 2, H = 3: lowered once for the tests that read it."""
     query, key, value = qkv(1024, 1024, 2, 1, head_dim=3, batch=1)
+    attend = functools.partial(jaxloops.blockwise_attention, **options)
+    return jax.jit(attend).lower(query, key, value).as_text()
+
+
+def test_default_tiling_is_what_a_call_without_sizes_uses():
     for is_causal in (False, True):
         block, parallel = default_blocks(1024, is_causal)
-        fn = functools.partial(jaxloops.blockwise_attention, is_causal=is_causal)
-        explicit = functools.partial(fn, block_size=block, parallel_blocks=parallel)
-        other = functools.partial(fn, block_size=64, parallel_blocks=1)
-        text = lambda f: jax.jit(f).lower(query, key, value).as_text()
-        assert text(fn) == text(explicit) and text(fn) != text(other), is_causal
+        default = lowered_text(is_causal=is_causal)
+        explicit = lowered_text(is_causal=is_causal, block_size=block, parallel_blocks=parallel)
+        other = lowered_text(is_causal=is_causal, block_size=64, parallel_blocks=1)
+        assert default == explicit and default != other, is_causal
 
 
 def test_short_causal_calls_run_unrolled_and_the_rest_walk():
@@ -259,11 +271,8 @@ def test_short_causal_calls_run_unrolled_and_the_rest_walk():
     assert not unrolls(Tiling(T=20, S=21, Tq=8, Sb=4, is_causal=True))  # T != S
     assert not unrolls(Tiling(T=24, S=24, Tq=12, Sb=8, is_causal=True))  # 12 % 8 != 0
     # The compiled programs: the default causal call at T = 1024 has no loop, the walk has.
-    query, key, value = qkv(1024, 1024, 2, 1, head_dim=3, batch=1)
-    text = lambda **kw: jax.jit(
-        functools.partial(jaxloops.blockwise_attention, is_causal=True, **kw)
-    ).lower(query, key, value).as_text()  # fmt: skip
-    assert "while" not in text() and "while" in text(unroll=False)
+    assert "while" not in lowered_text(is_causal=True)
+    assert "while" in lowered_text(is_causal=True, unroll=False)
     with pytest.raises(ValueError, match="unroll=True needs T = S and query tiles of whole"):
         jaxloops.blockwise_attention(*qkv(13, 11, 2, 1), is_causal=True, unroll=True)
 
@@ -325,15 +334,15 @@ def test_plain_autodiff_control_gives_the_same_gradient_with_more_scratch():
         )
         for custom in (True, False)
     }
-    for got, expected in zip(grads[False](query, key, value), grads[True](query, key, value)):
+    # Each gradient compiled once: its values and its scratch come from the same program.
+    compiled = {
+        custom: jax.jit(grad).lower(query, key, value).compile() for custom, grad in grads.items()
+    }
+    plain_grads, custom_grads = (compiled[c](query, key, value) for c in (False, True))
+    for got, expected in zip(plain_grads, custom_grads):
         np.testing.assert_allclose(got, expected, atol=1e-5)
     scratch = {
-        custom: jax.jit(grad)
-        .lower(query, key, value)
-        .compile()
-        .memory_analysis()
-        .temp_size_in_bytes
-        for custom, grad in grads.items()
+        custom: program.memory_analysis().temp_size_in_bytes for custom, program in compiled.items()
     }
     # Plain autodiff keeps every trip's (R, Sb) scores: 9 trips of 8 x 8 per head, at least.
     assert scratch[False] >= scratch[True] + 9 * 8 * 8 * 2 * 4, scratch

@@ -6,7 +6,6 @@ import signal
 import subprocess
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -42,11 +41,16 @@ SIZES_ARG = (
 )
 
 
+# AdamW's init as one program: eagerly, it compiles one per leaf shape.
+ADAMW_INIT = jax.jit(optax.adamw(1e-3).init)
+
+
 def small_state(shift: float = 0.0):
     """Odd, distinct sizes so that a transposed axis cannot pass by accident."""
-    shift = float(shift)
-    params = {"dense": {"w": jnp.arange(35.0).reshape(5, 7) + shift, "b": jnp.full(7, shift)}}
-    return params, optax.adamw(1e-3).init(params), jax.random.key(11)
+    shift = np.float32(shift)
+    w, b = np.arange(35, dtype=np.float32).reshape(5, 7) + shift, np.full(7, shift)
+    params = jax.device_put({"dense": {"w": w, "b": b}})  # made on the host: no program
+    return params, ADAMW_INIT(params), jax.random.key(11)
 
 
 def save_steps(directory, steps, **manager_options):
@@ -132,22 +136,24 @@ def test_partially_written_checkpoint_is_never_listed(tmp_path):
 def test_mismatched_structure_names_the_path(tmp_path):
     manager = save_steps(tmp_path, [1], keep_last=1)
     params, opt_state, key = small_state()
-    wide = {"dense": {"w": jnp.zeros((5, 9)), "b": jnp.zeros(9)}}
+    zeros = lambda *shape: jax.device_put(np.zeros(shape, np.float32))  # no program
+    wide = {"dense": {"w": zeros(5, 9), "b": zeros(9)}}
+    # the optimizer state as shapes alone (restore_latest takes either): nothing compiled
     with pytest.raises(
         ValueError, match=r"step 1: opt_state\.0\.mu\.dense\.b .*float32\[7\].*\[9\]"
     ):
-        checkpoint.restore_latest(manager, key, wide, optax.adamw(1e-3).init(wide))
-    extra = {**params, "head": {"w": jnp.zeros((7, 3))}}
+        checkpoint.restore_latest(manager, key, wide, jax.eval_shape(ADAMW_INIT, wide))
+    extra = {**params, "head": {"w": zeros(7, 3)}}
     with pytest.raises(ValueError, match=r"has no params\.head\.w"):
         checkpoint.restore_latest(manager, key, extra, opt_state)
     with pytest.raises(ValueError, match=r"keep_last must be >= 1, got 0"):
         checkpoint.checkpoint_manager(tmp_path, keep_last=0)
     # Another rank: the weight flattened to one axis.
-    flat = {"dense": {"w": jnp.zeros(35), "b": params["dense"]["b"]}}
+    flat = {"dense": {"w": zeros(35), "b": params["dense"]["b"]}}
     with pytest.raises(
         ValueError, match=r"dense\.w is saved as float32\[5, 7\], the target has float32\[35\]"
     ):
-        checkpoint.restore_latest(manager, key, flat, optax.adamw(1e-3).init(flat))
+        checkpoint.restore_latest(manager, key, flat, jax.eval_shape(ADAMW_INIT, flat))
 
 
 def test_a_target_sharded_over_more_axes_than_its_rank_is_refused_by_name():
@@ -400,7 +406,9 @@ def resumed_here(tmp_path_factory):
     # shapes alone: restored where run.key lives (the CPU), on a GPU machine too
     back = checkpoint.restore_latest(manager, run.key, *jax.eval_shape(run.init))
     fresh_opt_state = run.init()[1]
-    copy = lambda tree: jax.tree.map(jnp.copy, tree)  # fit donates what it is given
+    # fit donates what it is given: copies through the host, placed as the originals are
+    # (jnp.copy would compile one program per leaf shape)
+    copy = lambda tree: jax.tree.map(lambda a: jax.device_put(np.asarray(a), a.sharding), tree)
     resumed = {
         "right": train(back.key, copy((back.params, back.opt_state)), epochs=EPOCHS,
                        start_epoch=back.epoch),

@@ -7,6 +7,8 @@ import jaxloops
 from jaxloops.initializers import init_mlp_per_layer
 
 SIZES = (61, 257, 11)  # odd, distinct widths: a transposed layer cannot pass
+# The per-layer draw as one program per widths: eagerly, each draw and scale compiles alone.
+per_layer = jax.jit(init_mlp_per_layer, static_argnums=1)
 
 
 def scale_agrees(params, sizes, gain_squared: float = 2.0) -> bool:
@@ -20,7 +22,7 @@ def scale_agrees(params, sizes, gain_squared: float = 2.0) -> bool:
 
 
 def test_the_per_layer_initialiser_draws_he_weights_and_zero_biases(key):
-    params = init_mlp_per_layer(key, SIZES)
+    params = per_layer(key, SIZES)
     shapes = jax.tree.map(jnp.shape, params)
     assert shapes == jax.tree.map(jnp.shape, jaxloops.init_mlp(key, SIZES))
     assert shapes["dense_0"] == {"w": (61, 257), "b": (257,)}
@@ -29,7 +31,7 @@ def test_the_per_layer_initialiser_draws_he_weights_and_zero_biases(key):
     # A check that can fail: unit-variance weights (gain 1, not sqrt 2) are rejected.
     assert not scale_agrees(params, SIZES, gain_squared=1.0)
     # One key per layer: two layers of the same shape get different values.
-    twin = init_mlp_per_layer(key, (13, 13, 13))
+    twin = per_layer(key, (13, 13, 13))
     assert not np.array_equal(twin["dense_0"]["w"], twin["dense_1"]["w"])
 
 

@@ -2,6 +2,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jaxloops
@@ -11,7 +12,8 @@ from jaxloops.measure import compiled
 
 def test_compiled_flops_of_a_matmul_is_2mnk():
     m, k, n = 7, 11, 13
-    flops = measure.compiled_flops(jnp.matmul, jnp.ones((m, k)), jnp.ones((k, n)))
+    a, b = np.ones((m, k), np.float32), np.ones((k, n), np.float32)  # NumPy: no compile
+    flops = measure.compiled_flops(jnp.matmul, a, b)
     assert flops == pytest.approx(2 * m * n * k, rel=0.01)
 
 
@@ -29,7 +31,7 @@ def test_compiled_costs_count_the_two_matmuls_of_naive_attention():
 
 def test_a_jitted_function_is_compiled_as_it_is():
     double = jax.jit(lambda x: 2 * x)
-    program = compiled.compile_call(double, jnp.ones(5))
+    program = compiled.compile_call(double, np.ones(5, np.float32))
     assert isinstance(program, jax.stages.Compiled)
     assert compiled.costs_of(program)["flops"] == pytest.approx(5, abs=1)
 
@@ -98,7 +100,7 @@ def test_calls_target_finds_a_custom_call_by_name():
 
 def test_entry_instructions_lists_the_top_level_kernels_of_a_program():
     f = jax.jit(lambda a, b: (jnp.sin(a) * 2 + 1) @ b)
-    hlo = f.lower(jnp.ones((3, 5)), jnp.ones((5, 7))).compile().as_text()
+    hlo = f.lower(np.ones((3, 5), np.float32), np.ones((5, 7), np.float32)).compile().as_text()
     found = compiled.entry_instructions(hlo)
     ops = [op for _, op, _ in found]
     assert ops.count("parameter") == 2
@@ -124,7 +126,7 @@ class _NoMatmulCount:
 
 def test_flops_come_from_the_lowered_program_not_the_compiled_count():
     m, k, n = 64, 32, 16
-    lowered = jax.jit(jnp.matmul).lower(jnp.ones((m, k)), jnp.ones((k, n)))
+    lowered = jax.jit(jnp.matmul).lower(np.ones((m, k), np.float32), np.ones((k, n), np.float32))
     undercounting = _NoMatmulCount(lowered.compile())
     assert compiled.costs_of(undercounting)["flops"] == 1.0  # the wrong count, if asked alone
     assert compiled.costs_of(undercounting, lowered)["flops"] == 2 * m * n * k
@@ -132,12 +134,16 @@ def test_flops_come_from_the_lowered_program_not_the_compiled_count():
 
 def test_the_lowered_and_compiled_counts_of_a_train_step_agree_on_a_cpu():
     """The module docstring's "within 0.5 %", on the MLP train step (CPU: the count is right)."""
-    key = jax.random.key(0)
-    params = jaxloops.init_mlp(key, (64, 128, 128, 10))
+    # Only lowered and compiled, never run: shapes lower the same program as values, without
+    # compiling the initialiser, the sampler and the optimizer state's zeros first.
+    params = jax.eval_shape(
+        lambda key: jaxloops.init_mlp(key, (64, 128, 128, 10)), jax.random.key(0)
+    )
     optimizer = jaxloops.make_optimizer(3e-3, 1e-2)
     step = jax.jit(jaxloops.make_train_step(jaxloops.mlp_loss, optimizer))
-    batches = measure.random_batches(key, 1, 256, 64, 10)
-    batch = jaxloops.Batch(batches.x[0], batches.y[0])
-    lowered = step.lower(params, optimizer.init(params), batch)
+    batch = jaxloops.Batch(
+        jax.ShapeDtypeStruct((256, 64), jnp.float32), jax.ShapeDtypeStruct((256,), jnp.int32)
+    )
+    lowered = step.lower(params, jax.eval_shape(optimizer.init, params), batch)
     low, high = compiled.lowered_flops(lowered), compiled.costs_of(lowered.compile())["flops"]
     assert abs(low / high - 1) < 0.005

@@ -6,6 +6,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jaxloops import measure
@@ -25,7 +26,7 @@ def test_busy_seconds_counts_overlapping_spans_once():
 
 def test_a_trace_shows_host_work_dispatches_and_waits():
     matmul = jax.jit(lambda a: jnp.tanh(a @ a))
-    a = jnp.ones((64, 64))
+    a = jax.device_put(np.ones((64, 64), np.float32))  # no program compiled to make it
     matmul(a).block_until_ready()
 
     def run():

@@ -1,8 +1,10 @@
 import importlib
 
 import jax
+import numpy as np
 import pytest
 
+from conftest import normal
 from jaxloops import measure
 from jaxloops.measure import throughput
 
@@ -47,7 +49,12 @@ def test_an_epoch_above_the_ceiling_is_measured_again_beside_it(key, monkeypatch
     params = jaxloops.init_mlp(key, (5, 7, 3))
     optimizer = jaxloops.make_optimizer(1e-3, 1e-4)
     step = jaxloops.make_train_step(jaxloops.mlp_loss, optimizer)
-    epochs = {"a": (step, params, optimizer.init(params), measure.random_batches(key, 3, 11, 5, 3))}
+    # Only timed: NumPy values put on the device, no sampler compiled for them.
+    batches = jaxloops.Batch(
+        jax.device_put(normal((3, 11, 5))),
+        jax.device_put(np.random.default_rng(0).integers(0, 3, (3, 11)).astype(np.int32)),
+    )
+    epochs = {"a": (step, params, optimizer.init(params), batches)}
     raises = []
 
     def stuck_at(ceiling):  # a ceiling that the matmul samples never raise

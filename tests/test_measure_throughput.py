@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import jaxloops
+from conftest import normal
 from jaxloops import measure
 from jaxloops.measure import random_batches, scan_throughput
 
@@ -19,10 +20,11 @@ def _step(key):
 
 def test_scan_flops_per_step_equal_the_steps_own_cost_analysis(key):
     train_step, params, opt_state = _step(key)
-    batches = random_batches(key, 11, 13, 5, 3)
+    # Only counted and timed: NumPy values put on the device, no sampler or slice compiled.
+    x, y = normal((11, 13, 5)), np.random.default_rng(0).integers(0, 3, (11, 13)).astype(np.int32)
+    batches = jaxloops.Batch(jax.device_put(x), jax.device_put(y))
     row = scan_throughput(train_step, params, opt_state, batches, repeats=1)
-    one = jax.tree.map(lambda a: a[0], batches)
-    per_step = measure.compiled_flops(train_step, params, opt_state, one)
+    per_step = measure.compiled_flops(train_step, params, opt_state, jaxloops.Batch(x[0], y[0]))
     np.testing.assert_allclose(row["flops_per_step"], per_step, rtol=0.01)
     assert row["batch_size"] == 13
 
@@ -83,8 +85,13 @@ def test_the_loop_beside_the_device_sees_when_the_work_is_ready():
     assert ready == spun < 0.5  # not ready when the loop ended: the loop's time, at most
 
 
+# Device work for the core-share tests: one program compiled for the module, where the same
+# work done eagerly compiles one per operation and shape.
+_device_work = jax.jit(lambda: {"a": jnp.ones(3) + 1, "b": jnp.zeros(2)})
+
+
 def test_core_shares_are_shares():
-    host, device = measure.core_shares(lambda: {"a": jnp.ones(3) + 1, "b": jnp.zeros(2)}, tries=3)
+    host, device = measure.core_shares(_device_work, tries=3)
     assert 0.0 <= host <= 1.0 and 0.0 <= device <= 1.0
     with pytest.raises(ValueError, match="tries must be >= 1, got 0"):
         measure.core_shares(lambda: jnp.ones(3), tries=0)
@@ -136,5 +143,5 @@ def test_paired_ratio_divides_out_a_slow_round():
 
 def test_interleaved_with_core_shares_times_every_run_each_round():
     runs = {"a": lambda: jnp.ones(3), "b": lambda: jnp.zeros(3)}
-    samples, shares = measure.interleaved_with_core_shares(runs, lambda: jnp.ones(3) * 2, rounds=3)
+    samples, shares = measure.interleaved_with_core_shares(runs, _device_work, rounds=3)
     assert [len(v) for v in samples.values()] == [3, 3] and all(0.0 <= x <= 1.0 for x in shares)

@@ -31,6 +31,20 @@ def shards(tmp_path):
     return tmp_path / "shards"
 
 
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The chapter's MLP run on shards of its own, made once for the module: its train step
+    is then one function, and the tests that jit it share the compiled programs."""
+    from jaxloops import experiment_sizes
+
+    shards = tmp_path_factory.mktemp("stream") / "shards"
+    streaming.write_shards(shards, odd_tokens(), CONTEXT, PER_SHARD)
+    sizes = dataclasses.replace(
+        experiment_sizes("cpu").streaming, context=CONTEXT, hidden=(11,), batch_size=BATCH
+    )
+    return streaming.stream_run(shards, sizes)
+
+
 def test_shards_hold_the_windows_in_order(shards):
     source = streaming.ShardedWindows(shards)
     windows = odd_tokens()[: 21 * (CONTEXT + 1)].reshape(21, CONTEXT + 1)  # 131 // 6 = 21
@@ -159,13 +173,7 @@ def test_idle_share_is_the_time_no_device_span_was_open():
     assert streaming.idle_share(spans) == pytest.approx(0.5)
 
 
-def test_feeds_train_the_same_model_the_same_way(shards):
-    from jaxloops import experiment_sizes
-
-    sizes = dataclasses.replace(
-        experiment_sizes("cpu").streaming, context=CONTEXT, hidden=(11,), batch_size=BATCH
-    )
-    run = streaming.stream_run(shards, sizes)
+def test_feeds_train_the_same_model_the_same_way(run):
     params, opt_state = run.init()
     runs = streaming.feeds(run.train_step, params, opt_state, run.dataset, 5, jax.devices()[0])
     results = [runs.on_device(), runs.streamed(), runs.prefetched()]
@@ -175,16 +183,11 @@ def test_feeds_train_the_same_model_the_same_way(shards):
     assert len(runs.host_alone()) == 5
 
 
-def test_warm_prefetch_feeds_the_same_batches_from_threads_and_from_a_worker_process(shards):
+def test_warm_prefetch_feeds_the_same_batches_from_threads_and_from_a_worker_process(run):
     """Both started iterators skip the first batch (taken to start them) and then feed
     batches 1 .. steps: the loop over those batches, on the device, gives the same params."""
-    from jaxloops import experiment_sizes
     from jaxloops.loop import python_loop
 
-    sizes = dataclasses.replace(
-        experiment_sizes("cpu").streaming, context=CONTEXT, hidden=(11,), batch_size=BATCH
-    )
-    run = streaming.stream_run(shards, sizes)
     params, opt_state = run.init()
     device = jax.devices()[0]
     batches = [jax.device_put(run.dataset[i], device) for i in (1, 2, 3)]
@@ -197,17 +200,11 @@ def test_warm_prefetch_feeds_the_same_batches_from_threads_and_from_a_worker_pro
     assert multiprocessing.active_children() == []  # stopped on leaving
 
 
-def test_step_phases_charges_a_slow_batch_to_the_wait(shards):
+def test_step_phases_charges_a_slow_batch_to_the_wait(run):
     """A batch source that sleeps 30 ms before each batch: the wait holds the sleep, and the
     dispatch and the computation of a tiny step do not."""
     import time
 
-    from jaxloops import experiment_sizes
-
-    sizes = dataclasses.replace(
-        experiment_sizes("cpu").streaming, context=CONTEXT, hidden=(11,), batch_size=BATCH
-    )
-    run = streaming.stream_run(shards, sizes)
     params, opt_state = run.init()
     batch = jax.device_put(run.dataset[0])
 

@@ -26,7 +26,7 @@ def _first(data, n):
 
 
 def test_decay_mask_selects_weight_matrices_only(key):
-    params = jaxloops.init_mlp(key, (5, 7, 3))
+    params = jaxloops.init_mlp(key, (64, 11, 10))  # _setup's widths: its init compiled once
     assert train.decay_mask(params) == {
         "dense_0": {"w": True, "b": False},
         "dense_1": {"w": True, "b": False},
@@ -34,11 +34,13 @@ def test_decay_mask_selects_weight_matrices_only(key):
 
 
 def test_weight_decay_leaves_biases_alone(key):
-    params = jaxloops.init_mlp(key, (5, 7, 3))
+    params = jaxloops.init_mlp(key, (64, 11, 10))  # _setup's widths: its init compiled once
     params = jax.tree.map(lambda p: np.asarray(p) + 1.0, params)  # nonzero biases
     optimizer = jaxloops.make_optimizer(0.1, 0.5)
     zero_grads = jax.tree.map(np.zeros_like, params)
-    updates, _ = jax.jit(optimizer.update)(zero_grads, jax.jit(optimizer.init)(params), params)
+    # the first update from a fresh state, init and update as one program
+    first_update = jax.jit(lambda grads, p: optimizer.update(grads, optimizer.init(p), p)[0])
+    updates = first_update(zero_grads, params)
     # With zero gradients only the decay moves anything: -lr * wd * w on weights, 0 on biases.
     np.testing.assert_allclose(
         updates["dense_0"]["w"], -0.1 * 0.5 * params["dense_0"]["w"], rtol=1e-6
@@ -94,7 +96,7 @@ def test_non_finite_optimizer_settings_are_rejected_by_value(lr, wd, bad):
 def test_the_step_count_is_the_optimizers_counter(digits, key):
     params, optimizer, opt_state = _setup(key)
     step = STEP
-    batch = _first(digits.train, 32)
+    batch = _first(digits.train, 128)  # the batch of the test above: STEP compiled once
     assert int(train.step_count(opt_state)) == 0
     for _ in range(3):
         params, opt_state, _ = step(params, opt_state, batch)
@@ -105,7 +107,7 @@ def test_the_step_count_is_the_optimizers_counter(digits, key):
 
 def test_the_keyed_step_without_dropout_is_the_plain_step(digits, key):
     params, optimizer, opt_state = _setup(key)
-    batch = _first(digits.train, 32)
+    batch = _first(digits.train, 128)  # STEP's batch in the tests above: compiled once
     plain = STEP
     keyed = jax.jit(train.make_keyed_train_step(jaxloops.mlp_loss, optimizer))
     want = plain(params, opt_state, batch)

@@ -46,7 +46,13 @@ def params(small_transformer):
 @pytest.fixture(scope="module")
 def tokens():
     rng = np.random.default_rng(2)  # test data; NumPy spares a compile of the JAX sampler
-    return jnp.asarray(rng.integers(0, GQA.vocab_size, (7, 9), dtype=np.int32))  # (B, T)
+    return jax.device_put(rng.integers(0, GQA.vocab_size, (7, 9), dtype=np.int32))  # (B, T)
+
+
+@pytest.fixture(scope="module")
+def batch(tokens):
+    """Each token's target is the next one (wrapping around), shifted on the host."""
+    return Batch(x=tokens, y=jax.device_put(np.roll(np.asarray(tokens), -1, axis=1)))
 
 
 @pytest.mark.parametrize(
@@ -63,11 +69,11 @@ def test_bad_configs_raise(overrides, message):
 
 
 def test_sequence_longer_than_the_position_table_raises(params):
-    too_long = jnp.zeros((2, GQA.max_len + 1), jnp.int32)
+    too_long = np.zeros((2, GQA.max_len + 1), np.int32)
     with pytest.raises(ValueError, match=r"12 positions is longer than the position table \(11"):
         transformer_logits(params, too_long)
     with pytest.raises(ValueError, match=r"\(B, T\) integers"):
-        transformer_logits(params, jnp.zeros((2, 3)))
+        transformer_logits(params, np.zeros((2, 3), np.float32))
 
 
 def test_parameter_shapes_follow_the_config(params):
@@ -85,13 +91,13 @@ def test_output_at_t_does_not_depend_on_tokens_after_t(params, tokens):
     t = 4
     changed = np.array(tokens)
     changed[:, t + 1 :] = (changed[:, t + 1 :] + 5) % GQA.vocab_size  # every later token differs
-    before, after = logits_fn(params, tokens), logits_fn(params, changed)
+    before, after = (np.asarray(logits_fn(params, x)) for x in (tokens, changed))
     assert before.shape == (7, 9, 13)  # (B, T, V)
     np.testing.assert_array_equal(before[:, : t + 1], after[:, : t + 1])
-    assert float(jnp.abs(before[:, t + 1 :] - after[:, t + 1 :]).min()) > 0
+    assert float(np.abs(before[:, t + 1 :] - after[:, t + 1 :]).min()) > 0
 
 
-def test_loss_is_optax_cross_entropy_of_the_logits(params, tokens):
+def test_loss_is_optax_cross_entropy_of_the_logits(params, batch):
     @jax.jit
     def loss_and_reference(params, batch):
         loss, aux = transformer_loss(params, batch)
@@ -99,17 +105,14 @@ def test_loss_is_optax_cross_entropy_of_the_logits(params, tokens):
         reference = optax.softmax_cross_entropy_with_integer_labels(logits, batch.y).mean()
         return loss, aux["accuracy"], reference, (logits.argmax(-1) == batch.y).mean()
 
-    loss, accuracy, expected, expected_accuracy = loss_and_reference(
-        params, Batch(x=tokens, y=jnp.roll(tokens, -1, axis=1))
-    )
+    loss, accuracy, expected, expected_accuracy = loss_and_reference(params, batch)
     np.testing.assert_allclose(loss, expected, rtol=1e-6)
     np.testing.assert_allclose(accuracy, expected_accuracy)
 
 
-def test_blockwise_attention_trains_the_same_model(params, tokens):
+def test_blockwise_attention_trains_the_same_model(params, batch):
     # Blocks of 4 over T = 9: the last block is partial, and causal blocks are skipped.
     blockwise = functools.partial(blockwise_attention, block_size=4, parallel_blocks=1)
-    batch = Batch(x=tokens, y=jnp.roll(tokens, -1, axis=1))
 
     @jax.jit
     def both(params):
@@ -131,10 +134,10 @@ def test_attention_map_is_causal_and_reproduces_the_attention_output(params, tok
         mixed = jnp.einsum("BNTS,BSNH->BTNH", weights, value_BSNH)  # (B, T, N, H)
         return weights, mixed, attention(query, key, value, is_causal=True)
 
-    weights, mixed, reference = both_ways(params, tokens)
+    weights, mixed, reference = map(np.asarray, both_ways(params, tokens))
     assert weights.shape == (7, 10, 9, 9)  # (B, N, T, S)
     np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-6)
-    assert float(jnp.triu(weights, k=1).max()) == 0.0
+    assert float(np.triu(weights, k=1).max()) == 0.0  # np.triu: the last two axes, (T, S)
     np.testing.assert_allclose(mixed, reference, atol=1e-6)
     with pytest.raises(ValueError, match=r"layer 2 is not in \[0, 1\]"):
         attention_map(params, tokens, layer=2)
@@ -153,9 +156,10 @@ def test_tiny_model_learns_stdlib_text_with_the_books_train_step():
     params = init_transformer(jax.random.key(0), config)
     optimizer = make_optimizer(1e-2, 0.0)
     epoch = jax.jit(make_epoch(make_train_step(transformer_loss, optimizer)))
-    text = jnp.asarray(load_stdlib_corpus(2**14).train)
+    text = jax.device_put(load_stdlib_corpus(2**14).train)
     batches = sample_windows(jax.random.key(1), text, steps=40, batch_size=7, seq_len=11)
-    _, _, metrics = epoch(params, optimizer.init(params), batches)
+    opt_state = jax.jit(optimizer.init)(params)  # one program, not one per leaf shape
+    _, _, metrics = epoch(params, opt_state, batches)
     losses = np.asarray(metrics["loss"])  # (steps,)
     assert abs(losses[0] - math.log(VOCAB_SIZE)) < 0.8  # unit-variance logits: about ln V
     assert losses[-10:].mean() < 3.5  # from 4.6 nats to below 3.5 in 40 steps
@@ -193,26 +197,24 @@ def einsum_loss(params, batch):
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch.y).mean()
 
 
-def test_dense_layers_equal_the_einsum_model_within_rounding(params, tokens):
-    batch = Batch(x=tokens, y=jnp.roll(tokens, -1, axis=1))
+def test_dense_layers_equal_the_einsum_model_within_rounding(params, batch):
     model = jax.jit(jax.value_and_grad(lambda p: transformer_loss(p, batch)[0]))
     reference = jax.jit(jax.value_and_grad(lambda p: einsum_loss(p, batch)))
-    terms = rounding_terms(GQA, tokens.shape[1])
+    terms = rounding_terms(GQA, batch.x.shape[1])
     (loss, grads), (want, want_grads) = model(params), reference(params)
     assert close_within(want, loss, terms)["ok"]
     assert close_within(want_grads, grads, terms)["ok"]
     # A known-wrong model (one projection's weight transposed in its head axes) is rejected.
     wrong = jax.tree.map(lambda a: a, params)
-    wrong["block_1"]["attention"]["key"] = jnp.flip(params["block_1"]["attention"]["key"], 1)
+    key_weight = np.asarray(params["block_1"]["attention"]["key"])
+    wrong["block_1"]["attention"]["key"] = jax.device_put(np.flip(key_weight, 1))
     wrong_loss, wrong_grads = model(wrong)
     assert not close_within(want_grads, wrong_grads, terms)["ok"]
 
 
 @xla_cpu_only("the einsum model compiled to no transposing copy either (0 bytes)")
-def test_dense_layers_compile_to_fewer_transposing_copies_than_the_einsums(params, tokens):
+def test_dense_layers_compile_to_fewer_transposing_copies_than_the_einsums(params, batch):
     from jaxloops.measure import breakdown
-
-    batch = Batch(x=tokens, y=jnp.roll(tokens, -1, axis=1))
 
     def copy_bytes(loss):
         program = jax.jit(jax.grad(loss)).lower(params).compile()

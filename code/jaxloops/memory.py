@@ -11,6 +11,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxloops.data import Batch
@@ -221,11 +222,11 @@ def rounding_terms(config: TransformerConfig, length: int, extra: int = 0) -> in
 
 
 def max_error(a, b) -> tuple[float, float]:
-    """(max |a - b| over every leaf, max |a| over every leaf) of two pytrees of arrays."""
-    diff = max(
-        float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
-    )
-    scale = max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(a))
+    """(max |a - b| over every leaf, max |a| over every leaf) of two pytrees of arrays,
+    computed exactly (float64) on the host."""
+    leaves = lambda tree: [np.asarray(x, np.float64) for x in jax.tree.leaves(tree)]  # noqa: E731
+    diff = max(float(np.max(np.abs(x - y))) for x, y in zip(leaves(a), leaves(b)))
+    scale = max(float(np.max(np.abs(x))) for x in leaves(a))
     return diff, scale
 
 

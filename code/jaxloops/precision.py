@@ -5,6 +5,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from jaxloops.train import LossFn
@@ -109,9 +110,10 @@ def make_scaled_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, g
 
 def zero_gradients(grads, reference) -> int:
     """Entries that are exactly 0 in `grads` but not in `reference` (lost to underflow)."""
+    # Counted in NumPy on the host: eager jnp would compile programs for every leaf shape.
     return int(
         sum(
-            jnp.sum((g == 0) & (r != 0))
+            np.sum((np.asarray(g) == 0) & (np.asarray(r) != 0))
             for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(reference))
         )
     )
@@ -120,7 +122,9 @@ def zero_gradients(grads, reference) -> int:
 def curve_gap(reference, other) -> float:
     """The largest relative gap max |other - reference| / |reference| between two loss
     curves of the same length (e.g. per-epoch means of two runs)."""
-    reference, other = jnp.asarray(reference, jnp.float32), jnp.asarray(other, jnp.float32)
+    # In NumPy on the host (float32, as before): eager jnp would compile per curve length.
+    reference, other = np.asarray(reference, np.float32), np.asarray(other, np.float32)
     if reference.shape != other.shape:
         raise ValueError(f"curves of different lengths: {reference.shape} and {other.shape}")
-    return float(jnp.max(jnp.abs(other - reference) / jnp.abs(reference)))
+    with np.errstate(divide="ignore", invalid="ignore"):  # a 0 gives inf or NaN, as jnp does
+        return float(np.max(np.abs(other - reference) / np.abs(reference)))

@@ -377,7 +377,10 @@ def random_cache(key: jax.Array, batch: int, length: int, kv_heads: int, head_di
         (batch, kv_heads, slots, head_dim), np.float32
     )
     repeats = -(-length // slots)
-    return jnp.tile(jnp.asarray(tile, dtype), (1, 1, repeats, 1))[:, :, :length]  # (B, K, S, H)
+    # Tiled in NumPy (eager jnp would compile per shape), in the dtype jnp.asarray would give.
+    tile = tile.astype(jax.dtypes.canonicalize_dtype(dtype))
+    tiled = np.tile(tile, (1, 1, repeats, 1))[:, :, :length]
+    return jax.device_put(tiled)  # (B, K, S, H)
 
 
 @jax.jit

@@ -41,8 +41,9 @@ def ragged_compile_count(num_examples: int, batch_size: int) -> int:
 
 def epoch_example_counts(key: jax.Array, num_examples: int, batch_size: int) -> np.ndarray:
     """How often each example appears in one epoch of `epoch_batches`, shape (num_examples,)."""
-    ids = jnp.arange(num_examples)
-    batches = epoch_batches(key, Batch(ids[:, None].astype(jnp.float32), ids), batch_size)
+    ids = np.arange(num_examples, dtype=np.int32)  # NumPy: jnp would compile per size
+    data = jax.device_put(Batch(ids[:, None].astype(np.float32), ids))
+    batches = epoch_batches(key, data, batch_size)
     return np.bincount(np.asarray(batches.y).ravel(), minlength=num_examples)
 
 
