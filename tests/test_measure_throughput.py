@@ -1,5 +1,6 @@
 import os
 import time
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -145,3 +146,19 @@ def test_interleaved_with_core_shares_times_every_run_each_round():
     runs = {"a": lambda: jnp.ones(3), "b": lambda: jnp.zeros(3)}
     samples, shares = measure.interleaved_with_core_shares(runs, _device_work, rounds=3)
     assert [len(v) for v in samples.values()] == [3, 3] and all(0.0 <= x <= 1.0 for x in shares)
+
+
+def test_turns_verdict_rejects_overlap_always_and_a_slow_hand_off_only_with_two_free_cores():
+    h = d = 1e-3
+    assert measure.turns_verdict(2.1e-3, h, d, cores=1.97, band=0.4) == ([], mock.ANY)
+    # Known-wrong: a step that overlapped (max(h, d)) fails on any machine ...
+    for cores in (1.97, 1.05):
+        failed, _ = measure.turns_verdict(1e-3, h, d, cores=cores, band=0.4)
+        assert failed == ["a step overlapped: 0.50x h + d < 0.6"]
+    # ... a hand-off 1.5x h + d fails with two cores free, and is only reported with one.
+    failed, sentence = measure.turns_verdict(3e-3, h, d, cores=1.97, band=0.4)
+    assert failed == ["a step took 1.50x h + d > 1.4, 1.97 cores free"]
+    failed, sentence = measure.turns_verdict(3e-3, h, d, cores=1.2, band=0.4)
+    assert failed == [] and "found 1.20" in sentence
+    with pytest.raises(ValueError, match="0 < band < 1"):
+        measure.turns_verdict(3e-3, h, d, cores=2.0, band=1.5)

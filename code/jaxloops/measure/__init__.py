@@ -84,6 +84,7 @@ from jaxloops.measure.throughput import (
     scan_throughput,
     scan_throughputs,
     spin_iterations,
+    turns_verdict,
 )
 from jaxloops.measure.timing import (
     CompileLog,
@@ -169,6 +170,7 @@ __all__ = (
     "time_call",
     "time_dispatch",
     "trace_spans",
+    "turns_verdict",
     "uses_cudnn_kernel",
     "versions",
     "wait_count",

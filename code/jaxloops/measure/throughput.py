@@ -322,6 +322,34 @@ def predicted_step_seconds(
     }
 
 
+def turns_verdict(every: float, host: float, device: float, cores: float, band: float):
+    """Fetching every step (`every` s per step) against h + d: (the claims it contradicts,
+    the sentence that says what was checked).
+
+    Taking turns, a step takes h + d and no less; overlapping, it would take max(h, d): half
+    of h + d when h = d, as chapter 6 sizes them. So at least (1 - band)(h + d) is checked
+    on every build. What a step takes above h + d is the hand-off between host and device,
+    which another process on the cores lengthens (a fresh-clone CI build, with the tests
+    beside it, read 1.50): at most (1 + band)(h + d) is checked only with two cores free.
+    """
+    if min(every, host, device) <= 0 or not 0 < band < 1:
+        raise ValueError(
+            f"need positive times and 0 < band < 1, got {every}, {host}, {device}, {band}"
+        )
+    turns = every / (host + device)
+    failed = [] if turns >= 1 - band else [f"a step overlapped: {turns:.2f}x h + d < {1 - band}"]
+    if cores >= TWO_FREE_CORES:
+        if turns > 1 + band:
+            failed.append(f"a step took {turns:.2f}x h + d > {1 + band}, {cores:.2f} cores free")
+        sentence = f"above {1 + band:.1f} or below {1 - band:.1f}, with {cores:.2f} cores free"
+    else:
+        sentence = (
+            f"below {1 - band:.1f} (overlap); above {1 + band:.1f} only on a build with two "
+            f"cores free, and this one found {cores:.2f}: the hand-off then waits for a core"
+        )
+    return failed, sentence
+
+
 def fit_against_bare_epoch(
     key, params, opt_state, train_step, data: Batch, *, batch_size: int, epochs: int, rounds: int
 ) -> dict[str, float]:
