@@ -11,10 +11,6 @@ from jaxloops import equivalence
 B, CHUNKS, LR = 40, 8, 3e-3  # 8 chunks of 5 rows: the order in which 8 devices sum
 
 
-def numpy(tree):
-    return jax.tree.map(np.asarray, tree)
-
-
 @pytest.fixture(scope="module")
 def setup(digits):
     # The data sliced, and the gradients combined, in NumPy (float32, the same operations in
@@ -23,10 +19,12 @@ def setup(digits):
     batch = jaxloops.Batch(x[:B], y[:B])
     params = jaxloops.init_mlp(jax.random.key(3), (64, 13, 7, 10))
     grad = jax.jit(jax.grad(lambda p, b: jaxloops.mlp_loss(p, b)[0]))
-    g_one = numpy(grad(params, batch))
+    g_one = jax.device_get(grad(params, batch))
     # The mean of 8 chunk means: the batch summed in another order, as the sharded step does.
     chunks = [jax.tree.map(lambda a, i=i: a[i::CHUNKS], batch) for i in range(CHUNKS)]
-    g_chunked = jax.tree.map(lambda *g: sum(g) / CHUNKS, *[numpy(grad(params, c)) for c in chunks])
+    g_chunked = jax.tree.map(
+        lambda *g: sum(g) / CHUNKS, *[jax.device_get(grad(params, c)) for c in chunks]
+    )
     shifted = jaxloops.Batch(x[1 : B + 1], y[1 : B + 1])
     bound = equivalence.gradient_bound(jaxloops.mlp_loss, params, batch)
     return dict(
@@ -35,7 +33,7 @@ def setup(digits):
             "reordered": g_chunked,
             "negated": jax.tree.map(lambda g: -g, g_chunked),
             "zeroed": jax.tree.map(np.zeros_like, g_chunked),
-            "shifted": numpy(grad(params, shifted)),  # the data order off by one row
+            "shifted": jax.device_get(grad(params, shifted)),  # the data order off by one row
         },
     )  # fmt: skip
 
@@ -96,7 +94,7 @@ def test_worst_ratio_treats_a_zero_tolerance_as_exact():
 def scaled_logits(digits):
     # Parameters and inputs as NumPy (10 w rounds the same there), the three forward passes
     # one jitted program: no eager op per shape.
-    params = numpy(jaxloops.init_mlp(jax.random.key(0), (64, 256, 256, 10)))
+    params = jax.device_get(jaxloops.init_mlp(jax.random.key(0), (64, 256, 256, 10)))
     x = np.asarray(digits.train.x)[:200]
     logits_of = jax.jit(jaxloops.mlp_logits)
     logits = np.asarray(logits_of(params, x), np.float64)

@@ -19,12 +19,12 @@ def model():
     # The reference loss and gradient (jitted), as NumPy: the checks' arithmetic on them and
     # the known-wrong answers made from them run in NumPy, not as eager ops per leaf shape.
     params, batch, loss, grads = memory_model.model()
-    return params, batch, float(loss), jax.tree.map(np.asarray, grads)
+    return params, batch, float(loss), jax.device_get(grads)
 
 
 def loss_grad(loss, params, batch, *args):
     value, grads = jax.jit(jax.value_and_grad(lambda p: loss(p, batch, *args)[0]))(params)
-    return value, jax.tree.map(np.asarray, grads)
+    return value, jax.device_get(grads)
 
 
 @pytest.mark.parametrize("policy", [None, "nothing", "dots", "names", "everything"])

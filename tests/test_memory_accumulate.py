@@ -18,11 +18,7 @@ def model():
     # The reference gradient as NumPy: the checks' arithmetic, and the known-wrong answers
     # made from it, run in NumPy rather than as eager ops per leaf shape.
     params, batch, loss, grads = memory_model.model()
-    return params, batch, loss, jax.tree.map(np.asarray, grads)
-
-
-def numpy(tree):
-    return jax.tree.map(np.asarray, tree)
+    return params, batch, loss, jax.device_get(grads)
 
 
 def loss_fn(params, batch):
@@ -35,7 +31,7 @@ def test_accumulation_equals_the_full_batch_and_a_missing_one_over_m_does_not(mo
     acc_loss, aux, grads = jax.jit(lambda p, b: accumulate.accumulated_grads(loss_fn, p, b, M))(
         params, batch
     )
-    grads = numpy(grads)
+    grads = jax.device_get(grads)
     terms = memory.rounding_terms(SMALL_TRANSFORMER, T, extra=B * T)
     assert memory.close_within(reference, grads, terms)["ok"]
     assert float(acc_loss) == pytest.approx(float(loss), rel=1e-6)
@@ -47,10 +43,10 @@ def test_accumulation_equals_the_full_batch_and_a_missing_one_over_m_does_not(mo
 
 def test_a_mean_of_means_over_unequal_batches_is_rejected(model):
     params, batch, _, reference = model
-    batch = numpy(batch)
+    batch = jax.device_get(batch)
     parts = [jax.tree.map(lambda a: a[:1], batch), jax.tree.map(lambda a: a[1:], batch)]  # 1 + 5
     grad = jax.jit(jax.grad(lambda p, b: loss_fn(p, b)[0]))
-    grads = [numpy(grad(params, b)) for b in parts]
+    grads = [jax.device_get(grad(params, b)) for b in parts]
     mean_of_means = jax.tree.map(lambda a, b: (a + b) / 2, *grads)
     weighted = jax.tree.map(lambda a, b: (1 * a + 5 * b) / 6, *grads)
     terms = memory.rounding_terms(SMALL_TRANSFORMER, T, extra=B * T)
@@ -68,13 +64,15 @@ def test_the_accumulating_step_and_multisteps_take_the_same_update(model):
     step = jax.jit(jaxloops.make_train_step(loss_fn, multi))
     theirs, state = params, jax.jit(multi.init)(params)  # one program, not one per leaf
     # The micro-batches split in NumPy (the same reshape and rows), the updates compared there.
-    for i, micro in enumerate(jaxloops.unstack(accumulate.split_micro(numpy(batch), 3))):
-        before = numpy(theirs)
+    for i, micro in enumerate(jaxloops.unstack(accumulate.split_micro(jax.device_get(batch), 3))):
+        before = jax.device_get(theirs)
         theirs, state, _ = step(theirs, state, micro)
         if i < 2:  # no update until the M-th call
-            assert all(jax.tree.leaves(jax.tree.map(np.array_equal, numpy(theirs), before)))
-    moved = jax.tree.map(np.subtract, numpy(ours), numpy(params))
-    moved_multi = jax.tree.map(np.subtract, numpy(theirs), numpy(params))
+            assert all(
+                jax.tree.leaves(jax.tree.map(np.array_equal, jax.device_get(theirs), before))
+            )
+    moved = jax.tree.map(np.subtract, jax.device_get(ours), jax.device_get(params))
+    moved_multi = jax.tree.map(np.subtract, jax.device_get(theirs), jax.device_get(params))
     terms = memory.rounding_terms(SMALL_TRANSFORMER, T, extra=B * T)
     assert memory.close_within(moved, moved_multi, terms)["ok"]
     assert not memory.close_within(moved, jax.tree.map(lambda m: 3 * m, moved_multi), terms)["ok"]

@@ -18,7 +18,7 @@ W = 2.0**-20  # a loss this small loses its float16 gradients to underflow
 def model():
     # The float32 reference gradient (jitted) as NumPy: the checks' arithmetic runs in NumPy.
     params, batch, _, grads = memory_model.model()
-    return params, batch, jax.tree.map(np.asarray, grads)
+    return params, batch, jax.device_get(grads)
 
 
 def tiny_loss(params, batch):
@@ -48,7 +48,7 @@ def test_mixed_precision_keeps_float32_master_parameters_and_gradients(model):
     value, grads = jax.jit(jax.value_and_grad(lambda p: loss(p, batch)[0]))(params)
     assert value.dtype == jnp.float32
     assert {g.dtype for g in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
-    grads = jax.tree.map(np.asarray, grads)
+    grads = jax.device_get(grads)
     # Close to float32 within bfloat16's rounding, and not identical: it did compute in bf16.
     error, scale = memory.max_error(reference, grads)
     assert 0 < error <= 64 * float(jnp.finfo(jnp.bfloat16).eps) * scale
@@ -75,7 +75,7 @@ def test_loss_scaling_recovers_a_run_that_float16_alone_loses(model):
     g16, g32 = jax.jit(  # one program for both gradients
         lambda p: [jax.grad(lambda q, f=f: f(q, batch)[0])(p) for f in (HALF_LOSS, tiny_loss)]
     )(params)
-    g16, g32 = jax.tree.map(np.asarray, g16), jax.tree.map(np.asarray, g32)  # compared in NumPy
+    g16, g32 = jax.device_get(g16), jax.device_get(g32)  # compared in NumPy
     assert precision.zero_gradients(g16, g32) > memory.parameter_count(SMALL_TRANSFORMER) / 2
     step_16 = jax.jit(jaxloops.make_train_step(HALF_LOSS, ADAM))
     f16, _, _ = train(step_16, params, ADAM_INIT(params), batch)
