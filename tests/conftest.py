@@ -20,6 +20,12 @@ os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = os.environ.get(
 os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = os.environ.get(
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0"
 )
+# The digits splits, likewise kept on disk (jaxloops.data.DATA_CACHE): a process that loads a
+# split another made reads it instead of importing scikit-learn (about 1 s of CPU each).
+os.environ["JAXLOOPS_DATA_CACHE"] = os.environ.get(
+    "JAXLOOPS_DATA_CACHE",
+    os.path.abspath(os.path.join(__file__, "..", "..", "_build", "data-cache")),
+)
 # The tests check values, not speed, and most of their time is XLA compiling many small
 # programs. CPU compiler settings that cut that time and compute the same values: LLVM's
 # optimisation level 0; and, in jaxlib 0.10, XLA's older loop emitters in place of its MLIR

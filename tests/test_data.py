@@ -129,3 +129,27 @@ def test_a_validation_split_that_leaves_no_training_data_is_rejected(
 ):
     with pytest.raises(ValueError, match=match):
         jaxloops.load_digits_split(0, test_fraction, validation_fraction)
+
+
+def test_a_kept_split_is_read_back_equal_and_nothing_is_kept_unless_asked(tmp_path, monkeypatch):
+    monkeypatch.delenv("JAXLOOPS_DATA_CACHE", raising=False)
+    made = jaxloops.load_digits_split(seed=3, validation_fraction=0.1)
+    assert not any(tmp_path.iterdir())
+    monkeypatch.setenv("JAXLOOPS_DATA_CACHE", str(tmp_path))
+    written = jaxloops.load_digits_split(3, validation_fraction=0.1)  # made, then kept
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert len(kept) == 1 and kept[0].startswith("load_digits_split-3-0.25-0.1-sklearn")
+    read = jaxloops.load_digits_split(seed=3, validation_fraction=0.1)  # read back
+    for split in (written, read):
+        for name in ("train", "test", "validation"):
+            for axis in ("x", "y"):
+                mine, want = getattr(getattr(split, name), axis), getattr(getattr(made, name), axis)
+                assert mine.dtype == want.dtype
+                np.testing.assert_array_equal(mine, want)
+    # Other arguments are another file; a split without validation reads back without one.
+    other = jaxloops.load_digits_split(seed=4)
+    assert len(list(tmp_path.iterdir())) == 2
+    again = jaxloops.load_digits_split(seed=4)
+    assert again.validation is None is other.validation
+    np.testing.assert_array_equal(again.test.y, other.test.y)
+    assert not np.array_equal(other.test.y, made.test.y)  # another seed, another split

@@ -1,7 +1,6 @@
 import jax
 import numpy as np
 import pytest
-from sklearn.metrics import confusion_matrix as sk_confusion_matrix
 
 import jaxloops
 from jaxloops import measure
@@ -21,6 +20,14 @@ def test_padded_batches_count_every_example_exactly_once(digits):
     assert int(np.asarray(batches.mask).sum()) == n
     kept = np.asarray(batches.y)[np.asarray(batches.mask)]
     np.testing.assert_array_equal(kept, np.asarray(digits.test.y))
+
+
+def sk_confusion_matrix(*args, **kwargs):
+    # scikit-learn imported here, not at the top: it takes about 1 s, which every test worker
+    # would pay while collecting.
+    from sklearn.metrics import confusion_matrix
+
+    return confusion_matrix(*args, **kwargs)
 
 
 def test_jax_confusion_matrix_equals_sklearn():

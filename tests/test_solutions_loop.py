@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from sklearn import metrics
 
 import jaxloops
 from conftest import normal
@@ -208,6 +207,8 @@ def test_host_syncs_equals_the_losses_python_loop_fetches(steps, log_every):
 
 # Chapter 7.
 def test_precision_recall_f1_equal_scikit_learn():
+    from sklearn import metrics  # here, not at the top: 1 s that each worker would pay
+
     rng = np.random.default_rng(3)
     labels = rng.integers(0, 5, 97)
     predictions = np.where(
@@ -223,6 +224,8 @@ def test_precision_recall_f1_equal_scikit_learn():
 
 @pytest.mark.parametrize("k", [1, 2, 5])
 def test_top_k_accuracy_equals_scikit_learn(k):
+    from sklearn import metrics
+
     logits = normal((13, 7))
     labels = np.arange(13, dtype=np.int32) % 7
     expected = metrics.top_k_accuracy_score(labels, logits, k=k, labels=range(7))

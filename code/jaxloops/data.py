@@ -1,7 +1,11 @@
 """Data on the device: digits, normalised with training statistics, in fixed-size batches."""
 
 import functools
+import importlib.metadata
+import inspect
 import math
+import os
+import pathlib
 from typing import NamedTuple
 
 import jax
@@ -45,6 +49,46 @@ def check_batch_size(batch_size: int, num_examples: int) -> None:
         raise ValueError(f"batch size {batch_size} must be in [1, {num_examples}] (the examples)")
 
 
+# A folder where `load_digits_split` keeps each split it computes, when set: a process that
+# needs a split another process made reads it (milliseconds) instead of importing
+# scikit-learn (about 1 s of CPU). The test suite sets it for itself and the processes it
+# starts (tests/conftest.py); unset, nothing is read or written.
+DATA_CACHE = "JAXLOOPS_DATA_CACHE"
+
+
+def kept_in_data_cache(make_split):
+    """`make_split(*args)`, read from the folder `$JAXLOOPS_DATA_CACHE` names when it holds
+    that split (one .npz per arguments and scikit-learn version), else made and kept there."""
+
+    @functools.wraps(make_split)
+    def cached(*args, **kwargs):
+        folder = os.environ.get(DATA_CACHE)
+        if not folder:
+            return make_split(*args, **kwargs)
+        bound = inspect.signature(make_split).bind(*args, **kwargs)
+        bound.apply_defaults()
+        key = "-".join(map(str, bound.arguments.values()))
+        version = importlib.metadata.version("scikit-learn")  # its split may change with it
+        path = pathlib.Path(folder) / f"{make_split.__name__}-{key}-sklearn{version}.npz"
+        if path.exists():
+            with np.load(path) as arrays:
+                held = lambda n: f"{n}_x" in arrays
+                part = lambda n: Batch(arrays[f"{n}_x"], arrays[f"{n}_y"]) if held(n) else None
+                return Split(*map(part, Split._fields))
+        split = make_split(*args, **kwargs)
+        arrays = {f"{name}_{axis}": getattr(batch, axis)
+                  for name, batch in zip(Split._fields, split) if batch is not None
+                  for axis in ("x", "y")}  # fmt: skip
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.stem}-{os.getpid()}.partial.npz")
+        np.savez(partial, **arrays)
+        os.replace(partial, path)  # whole or absent: another process may be reading it
+        return split
+
+    return cached
+
+
+@kept_in_data_cache
 def load_digits_split(
     seed: int, test_fraction: float = 0.25, validation_fraction: float = 0.0
 ) -> Split:
@@ -61,7 +105,7 @@ def load_digits_split(
       ValueError: a validation set that leaves too few training examples, or holds too
         few to contain every class.
     """
-    # Imported here: scikit-learn takes ~2 s to import, which every page would pay otherwise.
+    # Imported here: scikit-learn takes ~1 s to import, which every page would pay otherwise.
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 

@@ -1,24 +1,25 @@
 """Chapters 8 and 10's figures: the online softmax's walk, attention's scratch, FLOPs and
 latency against T; head grouping, the cache's layout, and the decode sweep."""
 
-import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.ticker import ScalarFormatter
 
 from jaxloops.kvcache import attention_kind
+from jaxloops.measure.render import subplots
 
 
 def kv_grouping(heads: int, kv_choices):
     """N query heads (top) joined to the K key/value head (bottom) each reads, per K."""
-    fig, axes = plt.subplots(1, len(kv_choices), figsize=(11, 2.6))
+    from matplotlib.patches import Rectangle
+
+    fig, axes = subplots(1, len(kv_choices), figsize=(11, 2.6))
     for ax, kv_heads in zip(axes, kv_choices):
         group = heads // kv_heads
         for n in range(heads):
-            ax.add_patch(plt.Rectangle((n, 1.6), 0.85, 0.6, color=f"C{n // group}", alpha=0.85))
+            ax.add_patch(Rectangle((n, 1.6), 0.85, 0.6, color=f"C{n // group}", alpha=0.85))
             ax.text(n + 0.42, 1.9, f"{n}", ha="center", va="center", fontsize=6, color="white")
         for k in range(kv_heads):
             left = k * group + (group - 0.85) / 2  # the K/V head sits under its group's middle
-            ax.add_patch(plt.Rectangle((left, 0), 0.85, 0.6, color=f"C{k}"))
+            ax.add_patch(Rectangle((left, 0), 0.85, 0.6, color=f"C{k}"))
             ax.text(left + 0.42, 0.3, f"kv{k}", ha="center", va="center", fontsize=7, color="white")
             for n in range(k * group, (k + 1) * group):
                 ax.plot([n + 0.42, left + 0.42], [1.6, 0.6], color=f"C{k}", linewidth=0.8)
@@ -34,12 +35,14 @@ def kv_grouping(heads: int, kv_choices):
 
 def cache_layout(batch: int = 2, kv_heads: int = 2, length: int = 6, group: int = 4):
     """One layer's keys in memory, (B, K, S, H) row-major, one cell per slot."""
-    fig, ax = plt.subplots(figsize=(11, 2.4))
+    from matplotlib.patches import Rectangle
+
+    fig, ax = subplots(figsize=(11, 2.4))
     x = 0
     for b in range(batch):
         for k in range(kv_heads):
             for s in range(length):
-                ax.add_patch(plt.Rectangle((x, 0), 0.95, 1, color=f"C{k}", alpha=0.35 + 0.1 * s))
+                ax.add_patch(Rectangle((x, 0), 0.95, 1, color=f"C{k}", alpha=0.35 + 0.1 * s))
                 ax.text(x + 0.47, 0.5, f"s{s}", ha="center", va="center", fontsize=7)
                 x += 1
             ax.annotate(
@@ -76,7 +79,7 @@ def cache_layout(batch: int = 2, kv_heads: int = 2, length: int = 6, group: int 
 
 def decode_times(decode: list[dict], kv_choices, *, batch: int, heads: int, head_dim: int):
     """Measured and predicted step time against S, and their ratio, one line per K."""
-    fig, (time_ax, ratio_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (time_ax, ratio_ax) = subplots(1, 2, figsize=(11, 4))
     for i, kv_heads in enumerate(kv_choices):
         mine = [r for r in decode if r["K"] == kv_heads]
         label = f"{attention_kind(heads, kv_heads)} (K = {kv_heads})"
@@ -103,6 +106,8 @@ def decode_times(decode: list[dict], kv_choices, *, batch: int, heads: int, head
 
 
 def _log2_axes(*axes) -> None:
+    from matplotlib.ticker import ScalarFormatter
+
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(ScalarFormatter())
@@ -116,7 +121,7 @@ def online_walk(scores, walk, exact, block: int = 6):
       walk: per block, (m, l, o) after it, each a 1-D array.
     """
     row, m_final = np.asarray(scores).ravel(), walk[-1][0][0]
-    fig, (s_ax, l_ax, o_ax) = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, (s_ax, l_ax, o_ax) = subplots(1, 3, figsize=(13, 3.6))
     for b in range(len(walk)):
         s_ax.axvspan(block * b - 0.5, block * b + block - 0.5, color=f"C{b}", alpha=0.08)
         s_ax.hlines(
@@ -164,7 +169,7 @@ def online_walk(scores, walk, exact, block: int = 6):
 def scratch_and_flops(rows: dict, lengths, names: dict, *, batch: int, heads: int, head_dim: int):
     """Compiled scratch and FLOPs against T = S, per implementation, beside one (B, N, T, S)
     float32 array and 4·B·N·T·S·H. `rows`: (implementation, T) -> sweep row."""
-    fig, (mem_ax, flop_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (mem_ax, flop_ax) = subplots(1, 2, figsize=(11, 4))
     # Where naive and XLA need the same scratch their lines coincide: XLA is drawn dashed with
     # open, larger markers so both stay visible, and the legend says where they overlap.
     same = [t for t in lengths if rows["naive", t]["temp_bytes"] == rows["xla", t]["temp_bytes"]]
@@ -222,7 +227,7 @@ def scratch_and_flops(rows: dict, lengths, names: dict, *, batch: int, heads: in
 def latency(rows: dict, lengths, names: dict, predicted, title: str):
     """Median latency against T = S for each implementation that ran, and the roofline's
     prediction (`predicted(name, T)[0]`, seconds) for naive and blockwise."""
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = subplots(figsize=(6.5, 4))
     for i, name in enumerate(("naive", "xla", "blockwise")):
         timed = [t for t in lengths if rows[name, t]["seconds"] is not None]
         ax.loglog(

@@ -2,8 +2,9 @@
 
 import math
 
-import matplotlib.pyplot as plt
 import numpy as np
+
+from jaxloops.measure.render import subplots
 
 
 def training_curves(
@@ -11,7 +12,7 @@ def training_curves(
 ):
     """Per-epoch training loss and the hook's probe losses against the train step, with
     ln V, the loss of a uniform guess."""
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = subplots(figsize=(7, 3.5))
     ax.plot(
         np.arange(1, len(train_loss) + 1) * steps_per_epoch,
         train_loss,
@@ -38,7 +39,7 @@ def training_curves(
 def attention_weights(weights, text: str, title: str):
     """One head's (T, T) attention weights, its axes labelled with the prompt's characters."""
     labels = [repr(c)[1:-1] if c != " " else "␣" for c in text]
-    fig, ax = plt.subplots(figsize=(7, 6.5))
+    fig, ax = subplots(figsize=(7, 6.5))
     image = ax.imshow(weights, cmap="viridis")
     ax.set_xticks(range(len(labels)), labels, fontsize=7, family="monospace")
     ax.set_yticks(range(len(labels)), labels, fontsize=7, family="monospace")

@@ -1,6 +1,6 @@
 """Chapter 14's figures, drawn from the rows of `jaxloops.measure.memory`."""
 
-import matplotlib.pyplot as plt
+from jaxloops.measure.render import subplots
 
 MiB = 2**20
 
@@ -14,7 +14,7 @@ def _line(rows, axis, fixed):
 def formula_against_compiled(rows, center: dict):
     """Three panels (B, T, L): the formula's line through the compiled and autodiff bytes,
     each panel varying one letter with the others at `center`."""
-    fig, axes = plt.subplots(1, 3, figsize=(10, 3.2))
+    fig, axes = subplots(1, 3, figsize=(10, 3.2))
     for ax, axis in zip(axes, ("B", "T", "L")):
         line = _line(rows, axis, {k: v for k, v in center.items() if k != axis})
         xs = [r[axis] for r in line]
@@ -31,7 +31,7 @@ def formula_against_compiled(rows, center: dict):
 
 def remat_tradeoff(policy_rows):
     """Compiled scratch against recomputed GFLOPs, one point per remat policy."""
-    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    fig, ax = subplots(figsize=(5.5, 3.2))
     for row in policy_rows:
         point = (row["extra GFLOP per block"], row["temp MiB"])
         ax.plot(*point, "o")
@@ -44,7 +44,7 @@ def remat_tradeoff(policy_rows):
 
 def compile_against_layers(compile_rows):
     """HLO instructions and compile CPU seconds against L, unrolled and scanned."""
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    fig, axes = subplots(1, 2, figsize=(9, 3.2))
     for kind in ("unrolled", "scanned"):
         line = _line(compile_rows, "L", {"kind": kind})
         for ax, key in zip(axes, ("instructions", "compile s")):
@@ -58,7 +58,7 @@ def compile_against_layers(compile_rows):
 
 def loss_curves(curves: dict):
     """Per-epoch training loss of each named run."""
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    fig, ax = subplots(figsize=(6, 3.2))
     for name, curve in curves.items():
         ax.plot(range(1, len(curve) + 1), curve, "o-", label=name, ms=3)
     ax.set_xlabel("epoch")

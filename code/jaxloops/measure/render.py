@@ -1,8 +1,16 @@
 """Rendering for the pages: rows of measurements as Markdown tables, a pytree as a figure."""
 
 import jax
-import matplotlib.pyplot as plt
 import numpy as np
+
+
+def subplots(*args, **kwargs):
+    """`matplotlib.pyplot.subplots`, with pyplot imported at the first figure: importing it
+    takes about 0.4 s, which each process that imports `measure` only to time something (a
+    test worker, a fresh process a test or a chapter starts) would otherwise pay."""
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*args, **kwargs)
 
 
 def markdown_table(rows, columns: dict) -> str:
@@ -65,10 +73,12 @@ def draw_params(ax, params: dict) -> None:
 
 def draw_scan(ax, steps: int = 4) -> None:
     """`lax.scan` over `steps` steps on `ax`: batches in, metrics out, the carry passed on."""
+    from matplotlib.patches import Rectangle
+
     arrow = lambda colour="black": {"arrowstyle": "->", "color": colour}
     for t in range(steps):
         x = 2.2 * t
-        ax.add_patch(plt.Rectangle((x + 0.4, 0.6), 1.2, 0.8, color="C0", alpha=0.25))
+        ax.add_patch(Rectangle((x + 0.4, 0.6), 1.2, 0.8, color="C0", alpha=0.25))
         ax.text(x + 1.0, 1.0, "train_step", ha="center", va="center", fontsize=9)
         ax.annotate("", (x + 1.0, 1.4), (x + 1.0, 2.0), arrowprops=arrow())
         ax.text(x + 1.0, 2.1, f"batches[{t}]", ha="center", fontsize=8)
