@@ -1,10 +1,14 @@
+import atexit
 import collections
 import fcntl
+import functools
+import importlib
 import importlib.metadata
 import json
 import os
 import pathlib
 import shutil
+import sys
 
 # JAX's persistent compilation cache for this process and every process it starts (they
 # inherit the environment): each program compiled once is stored, however short its compile,
@@ -42,29 +46,50 @@ os.environ["XLA_FLAGS"] = " ".join(
     )
 )
 
-import jax
-import jax.monitoring
 import numpy as np
 import pytest
 
-import jaxloops
-from jaxloops.data import Split
+# JAX starts in the processes that run tests (`pytest_configure` below), not in the xdist
+# controller, which starts the workers only once its own conftest is loaded: a second of
+# JAX and the package imported there is a second before any worker starts.
 
-# Float32 means float32: on NVIDIA GPUs JAX's DEFAULT precision multiplies float32 matrices in
-# TF32 (10-bit mantissa), which would fail every comparison with a float32 or float64
-# reference. tests/test_measure_published.py shows where TF32 or bfloat16 would differ.
-jax.config.update("jax_default_matmul_precision", "highest")
-# An array of the wrong rank broadcasting silently is how a transposed or missing axis passes
-# a test: the suite refuses implicit rank promotion (the package broadcasts explicitly).
-jax.config.update("jax_numpy_rank_promotion", "raise")
 
-# `JAXLOOPS_ONE_DEFAULT_DEVICE=1 PYTHONPATH=tests/one_default_device pytest` runs the suite as
-# on a machine with one GPU (tests/one_default_device/sitecustomize.py): refuse to run
-# unsimulated when asked to simulate.
-if os.environ.get("JAXLOOPS_ONE_DEFAULT_DEVICE") == "1" and jax.device_count() != 1:
-    raise RuntimeError(
-        "JAXLOOPS_ONE_DEFAULT_DEVICE=1 without tests/one_default_device on PYTHONPATH"
+def start_jax() -> None:
+    import jax
+    import jax.monitoring
+
+    # Float32 means float32: on NVIDIA GPUs JAX's DEFAULT precision multiplies float32
+    # matrices in TF32 (10-bit mantissa), which would fail every comparison with a float32 or
+    # float64 reference. tests/test_measure_published.py shows where TF32 or bfloat16 differ.
+    jax.config.update("jax_default_matmul_precision", "highest")
+    # An array of the wrong rank broadcasting silently is how a transposed or missing axis
+    # passes a test: the suite refuses implicit rank promotion (the package broadcasts
+    # explicitly).
+    jax.config.update("jax_numpy_rank_promotion", "raise")
+    # `JAXLOOPS_ONE_DEFAULT_DEVICE=1 PYTHONPATH=tests/one_default_device pytest` runs the
+    # suite as on a machine with one GPU (tests/one_default_device/sitecustomize.py): refuse
+    # to run unsimulated when asked to simulate.
+    if os.environ.get("JAXLOOPS_ONE_DEFAULT_DEVICE") == "1" and jax.device_count() != 1:
+        raise RuntimeError(
+            "JAXLOOPS_ONE_DEFAULT_DEVICE=1 without tests/one_default_device on PYTHONPATH"
+        )
+    jax.monitoring.register_event_listener(
+        lambda event, **_: _cache_counts.update(
+            [_CACHE_EVENTS[event]] if event in _CACHE_EVENTS else []
+        )
     )
+    # The roofline the package's measuring code reads (`measure.roofline()`), measured at a
+    # test's size: a 64 x 64 matmul and a 1 MiB read, three samples each. The tests assert
+    # values, not speeds, and the chapters' roofline (1024 x 1024 matmuls and a 256 MiB read,
+    # 25 samples) took 2.6 s of CPU in each worker that needed it. The variable is unset so
+    # that this process keeps it, unless a test sets the variable itself.
+    os.environ.pop("JAXLOOPS_ROOFLINE", None)
+    roofline = importlib.import_module("jaxloops.measure.roofline")
+    small = roofline.measure_roofline(
+        jax.random.key(0), matmul_size=64, read_bytes=2**20, samples=3
+    )
+    roofline.store_roofline(small)
+
 
 # Shared by the test modules (`from conftest import normal, SMALL_TRANSFORMER`): one copy.
 
@@ -75,16 +100,27 @@ def normal(shape, seed=0, dtype=np.float32):
 
 
 # A small transformer with distinct sizes, so a transposed axis cannot pass by accident:
-# V 13, L 2, D 30, N 10, K 5 (G = 2), H 3, F 21, max_len 11.
-SMALL_TRANSFORMER = jaxloops.TransformerConfig(
-    vocab_size=13,
-    num_layers=2,
-    model_dim=30,
-    num_heads=10,
-    num_kv_heads=5,
-    hidden_dim=21,
-    max_len=11,
-)
+# V 13, L 2, D 30, N 10, K 5 (G = 2), H 3, F 21, max_len 11. Made when a test module first
+# imports it (`from conftest import SMALL_TRANSFORMER` calls the module's __getattr__).
+@functools.cache
+def small_transformer_config():
+    import jaxloops
+
+    return jaxloops.TransformerConfig(
+        vocab_size=13,
+        num_layers=2,
+        model_dim=30,
+        num_heads=10,
+        num_kv_heads=5,
+        hidden_dim=21,
+        max_len=11,
+    )
+
+
+def __getattr__(name):
+    if name == "SMALL_TRANSFORMER":
+        return small_transformer_config()
+    raise AttributeError(f"module 'conftest' has no attribute {name!r}")
 
 
 # The suite's longest tests (each several seconds: worker processes, whole training runs)
@@ -115,18 +151,27 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def small_transformer():
     """Parameters of SMALL_TRANSFORMER (initialised once for the whole session)."""
-    return jaxloops.init_transformer(jax.random.key(1), SMALL_TRANSFORMER)
+    import jax
+
+    import jaxloops
+
+    return jaxloops.init_transformer(jax.random.key(1), small_transformer_config())
 
 
 @pytest.fixture(scope="session")
 def digits():
     """The digits split, on the device."""
+    import jaxloops
+    from jaxloops.data import Split
+
     split = jaxloops.load_digits_split(seed=0)
     return Split(jaxloops.to_device(split.train, 64, 10), jaxloops.to_device(split.test, 64, 10))
 
 
 @pytest.fixture
 def key():
+    import jax
+
     return jax.random.key(7)
 
 
@@ -158,16 +203,14 @@ _CACHE_EVENTS = {
     "/jax/compilation_cache/cache_misses": "writes",  # JAX records it as it writes an entry
 }
 _cache_counts = collections.Counter()
-jax.monitoring.register_event_listener(
-    lambda event, **_: _cache_counts.update(
-        [_CACHE_EVENTS[event]] if event in _CACHE_EVENTS else []
-    )
-)
 
 
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):  # the controller, before any worker starts
         shutil.rmtree(CACHE_REPORT, ignore_errors=True)
+        if config.getoption("numprocesses", None):
+            return  # the xdist controller runs no test
+    start_jax()
 
 
 def pytest_sessionfinish(session):
@@ -179,3 +222,22 @@ def pytest_sessionfinish(session):
     CACHE_REPORT.mkdir(parents=True, exist_ok=True)
     counts = {name: _cache_counts[name] for name in _CACHE_EVENTS.values()}
     (CACHE_REPORT / f"{worker}.json").write_text(json.dumps(counts))
+
+
+def pytest_unconfigure(config):
+    """An xdist worker that has sent its results leaves without tearing down its objects.
+
+    Freeing a worker's hundreds of compiled programs and arrays at interpreter exit took
+    about 1.7 s, and the controller waits for every worker to exit before it reports. The
+    results are already with the controller (`workerfinished`), and nothing is left to write:
+    the compilation cache is written as each program compiles, and each test waits for its
+    checkpoints. `os._exit` runs as the first exit handler, after the worker's last message.
+    """
+    if hasattr(config, "workerinput"):
+        atexit.register(_leave_now)  # registered last, so run first
+
+
+def _leave_now():
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -153,7 +153,10 @@ def _measure_default() -> Roofline:
     )
 
 
-def _store(roof: Roofline) -> Roofline:
+def store_roofline(roof: Roofline) -> Roofline:
+    """Makes `roof` this build's roofline: stored at $JAXLOOPS_ROOFLINE for every later
+    chapter, or kept in this process where that is unset (the tests store one measured at a
+    test's size, tests/conftest.py)."""
     path = os.environ.get(ROOFLINE_ENV)
     if not path:
         _IN_MEMORY["roofline"] = roof
@@ -176,10 +179,10 @@ def roofline() -> Roofline:
         return Roofline(**fields)
     if not path and "roofline" in _IN_MEMORY:
         return _IN_MEMORY["roofline"]
-    return _store(_measure_default())
+    return store_roofline(_measure_default())
 
 
 def raise_roofline(flops_samples=(), bytes_samples=()) -> Roofline:
     """Adds ceiling samples taken beside some work to this build's roofline, stores it for
     every later chapter, and returns it."""
-    return _store(roofline().raised(flops_samples, bytes_samples))
+    return store_roofline(roofline().raised(flops_samples, bytes_samples))
