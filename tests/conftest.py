@@ -30,6 +30,9 @@ os.environ["JAXLOOPS_DATA_CACHE"] = os.environ.get(
     "JAXLOOPS_DATA_CACHE",
     os.path.abspath(os.path.join(__file__, "..", "..", "_build", "data-cache")),
 )
+# Figures are drawn off screen, whatever the machine: matplotlib reads its backend from here
+# when pyplot is first imported (the package imports it at its first figure).
+os.environ["MPLBACKEND"] = "Agg"
 # The tests check values, not speed, and most of their time is XLA compiling many small
 # programs. CPU compiler settings that cut that time and compute the same values: LLVM's
 # optimisation level 0; and, in jaxlib 0.10, XLA's older loop emitters in place of its MLIR
@@ -166,6 +169,15 @@ def digits():
 
     split = jaxloops.load_digits_split(seed=0)
     return Split(jaxloops.to_device(split.train, 64, 10), jaxloops.to_device(split.test, 64, 10))
+
+
+@pytest.fixture
+def plt():
+    """matplotlib's pyplot, imported by the tests that draw (0.4 s a process), not at
+    collection."""
+    import matplotlib.pyplot
+
+    return matplotlib.pyplot
 
 
 @pytest.fixture

@@ -1,11 +1,9 @@
 """Chapters 8 and 10's plots: one line per thing drawn, each at its place."""
 
-import matplotlib
 import numpy as np
 
 from jaxloops.measure import attention_plots
 
-matplotlib.use("Agg")
 NAMES = {"naive": "naive", "xla": "xla", "blockwise": "blockwise"}
 
 

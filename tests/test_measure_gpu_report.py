@@ -1,13 +1,9 @@
 import json
 import pathlib
 
-import matplotlib
+import pytest
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
-
-from jaxloops.measure import gpu_report  # noqa: E402
+from jaxloops.measure import gpu_report
 
 SAMPLE = pathlib.Path(__file__).parent / "data" / "gpu_results_sample.json"
 
@@ -79,7 +75,7 @@ def test_check_run_lists_every_problem():
     ]
 
 
-def test_sidebars_and_plot_show_the_recorded_rows():
+def test_sidebars_and_plot_show_the_recorded_rows(plt):
     results = gpu_report.load_results(SAMPLE)
     text = gpu_report.sidebar(results, "attention")
     assert "SAMPLE GPU (not a measurement), measured 2000-01-01" in text

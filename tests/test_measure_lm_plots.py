@@ -1,11 +1,9 @@
 """Chapter 11's plots: the training curves and one head's map."""
 
-import matplotlib
 import numpy as np
 
 from jaxloops.measure import lm_plots
 
-matplotlib.use("Agg")
 PROBES = ("trained windows", "unseen train text", "validation")
 
 

@@ -1,13 +1,9 @@
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
-import numpy as np  # noqa: E402
-
-from jaxloops import measure  # noqa: E402
+from jaxloops import measure
 
 
-def test_draw_tree_shows_each_leaf_with_its_path_shape_and_mean_magnitude():
+def test_draw_tree_shows_each_leaf_with_its_path_shape_and_mean_magnitude(plt):
     tree = {"dense_0": {"b": np.full((3,), -2.0), "w": np.ones((5, 3))}, "scale": [np.zeros(7)]}
     fig, ax = plt.subplots()
     measure.draw_tree(ax, tree, "params", "C0")
@@ -21,7 +17,7 @@ def test_draw_tree_shows_each_leaf_with_its_path_shape_and_mean_magnitude():
     assert ax.get_title() == "params"
 
 
-def test_draw_params_shows_every_layer_and_array():
+def test_draw_params_shows_every_layer_and_array(plt):
     params = {f"dense_{i}": {"w": np.zeros((3 + i, 5)), "b": np.zeros(5)} for i in range(2)}
     fig, ax = plt.subplots()
     measure.draw_params(ax, params)
@@ -31,7 +27,7 @@ def test_draw_params_shows_every_layer_and_array():
                      '"dense_1"', '"w": array (4, 5)', '"b": array (5,)']  # fmt: skip
 
 
-def test_draw_scan_draws_one_step_box_per_step_and_the_carry():
+def test_draw_scan_draws_one_step_box_per_step_and_the_carry(plt):
     fig, ax = plt.subplots()
     measure.draw_scan(ax, steps=3)
     texts = [t.get_text() for t in ax.texts]
@@ -40,7 +36,7 @@ def test_draw_scan_draws_one_step_box_per_step_and_the_carry():
     assert {"batches[2]", "metrics[2]", "final\ncarry"} <= set(texts)
 
 
-def test_draw_throughput_plots_each_sweep_as_a_share_of_the_ceiling():
+def test_draw_throughput_plots_each_sweep_as_a_share_of_the_ceiling(plt):
     sweeps = {
         "narrow": [{"batch_size": b, "examples_per_s": 10.0 * b, "flops_per_s": 2.0 * b}
                    for b in (8, 32)],
