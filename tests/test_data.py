@@ -153,3 +153,21 @@ def test_a_kept_split_is_read_back_equal_and_nothing_is_kept_unless_asked(tmp_pa
     assert again.validation is None is other.validation
     np.testing.assert_array_equal(again.test.y, other.test.y)
     assert not np.array_equal(other.test.y, made.test.y)  # another seed, another split
+
+
+def test_a_kept_split_is_made_again_when_its_function_changes(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXLOOPS_DATA_CACHE", str(tmp_path))
+    ones = jaxloops.Batch(np.ones((2, 3), np.float32), np.ones(2, np.int32))
+
+    def make(seed):
+        return jaxloops.data.Split(ones, ones)
+
+    first = jaxloops.data.kept_in_data_cache(make)(0)
+
+    def make(seed):  # noqa: F811 - the same name and arguments, another body
+        return jaxloops.data.Split(ones, jaxloops.Batch(ones.x * 2, ones.y))
+
+    second = jaxloops.data.kept_in_data_cache(make)(0)
+    assert len(list(tmp_path.iterdir())) == 2
+    np.testing.assert_array_equal(first.test.x, ones.x)
+    np.testing.assert_array_equal(second.test.x, 2 * ones.x)

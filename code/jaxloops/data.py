@@ -1,6 +1,7 @@
 """Data on the device: digits, normalised with training statistics, in fixed-size batches."""
 
 import functools
+import hashlib
 import importlib.metadata
 import inspect
 import math
@@ -58,7 +59,8 @@ DATA_CACHE = "JAXLOOPS_DATA_CACHE"
 
 def kept_in_data_cache(make_split):
     """`make_split(*args)`, read from the folder `$JAXLOOPS_DATA_CACHE` names when it holds
-    that split (one .npz per arguments and scikit-learn version), else made and kept there."""
+    that split (one .npz per arguments, scikit-learn version and source of `make_split`),
+    else made and kept there."""
 
     @functools.wraps(make_split)
     def cached(*args, **kwargs):
@@ -68,8 +70,10 @@ def kept_in_data_cache(make_split):
         bound = inspect.signature(make_split).bind(*args, **kwargs)
         bound.apply_defaults()
         key = "-".join(map(str, bound.arguments.values()))
-        version = importlib.metadata.version("scikit-learn")  # its split may change with it
-        path = pathlib.Path(folder) / f"{make_split.__name__}-{key}-sklearn{version}.npz"
+        # The split changes with scikit-learn's version or the function's code: both name it.
+        version = importlib.metadata.version("scikit-learn")
+        code = hashlib.sha256(inspect.getsource(make_split).encode()).hexdigest()[:12]
+        path = pathlib.Path(folder) / f"{make_split.__name__}-{key}-sklearn{version}-{code}.npz"
         if path.exists():
             with np.load(path) as arrays:
                 held = lambda n: f"{n}_x" in arrays
