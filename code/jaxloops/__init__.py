@@ -40,18 +40,14 @@ Two rules, applied everywhere:
   driver that runs it (`fit`, or the reader) applies `jax.jit` and decides donation.
 """
 
+import importlib
+
 from jaxloops import accumulate as accumulate  # chapter 14: gradient accumulation
 from jaxloops import memory as memory  # chapter 14: remat, the scan over layers, the formula
 from jaxloops import precision as precision  # chapter 14: mixed precision, loss scaling
 from jaxloops.attention import attention, attention_weights, causal_mask
 from jaxloops.backend import experiment_sizes
 from jaxloops.blockwise import blockwise_attention, online_softmax_step
-from jaxloops.checkpoint import (
-    BrokenCheckpointWarning,
-    checkpoint_hook,
-    checkpoint_manager,
-    restore_latest,
-)
 from jaxloops.data import Batch, epoch_batches, load_digits_split, ragged_batches, to_device
 from jaxloops.evaluate import (
     accuracy_from_confusion,
@@ -165,3 +161,15 @@ __all__ = (
     "TransformerConfig",
     "unstack",
 )
+
+# Chapter 13's checkpointing is imported at its first use: orbax takes 0.15 s to import, which
+# every process that never saves (most chapters' kernels, most of the tests' processes) would
+# pay. `jaxloops.checkpoint_manager` and `jaxloops.checkpoint` work as if imported above.
+_CHECKPOINT = ("BrokenCheckpointWarning", "checkpoint_hook", "checkpoint_manager", "restore_latest")
+
+
+def __getattr__(name):
+    if name == "checkpoint" or name in _CHECKPOINT:
+        checkpoint = importlib.import_module("jaxloops.checkpoint")
+        return checkpoint if name == "checkpoint" else getattr(checkpoint, name)
+    raise AttributeError(f"module 'jaxloops' has no attribute {name!r}")
