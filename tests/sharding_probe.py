@@ -86,7 +86,7 @@ def strategies(report, mesh, params, opt_state, batch, shifted, optimizer):
         "zeroed": jax.tree.map(np.zeros_like, g_one),  # known-wrong: zero
     }
     unscaled = per_device_grad(False)
-    grads["no_pmean"] = jax.tree.map(lambda g: g / 8, unscaled(placed, rows))
+    grads["no_pmean"] = jax.tree.map(lambda g: g / 8, jax.device_get(unscaled(placed, rows)))
     report["grad"] = {k: equivalence.worst_ratio(g, g_one, g_bound) for k, g in grads.items()}
     report["grad_ratio"] = report["grad"]["dp"]
     no_pmean = unscaled.lower(placed, rows).compile()
@@ -97,7 +97,10 @@ def strategies(report, mesh, params, opt_state, batch, shifted, optimizer):
 def stacked(report, mesh, split) -> None:
     """The stacked MLP: FSDP per layer (both forms) and tensor parallel, against one device."""
     L, B = SIZES.stack_layers, SIZES.stack_batch
-    params = jax.device_get(fsdp.init_stack(
+    init = jax.jit(
+        fsdp.init_stack, static_argnames=("features", "width", "hidden", "layers", "classes")
+    )  # one program, not one per op
+    params = jax.device_get(init(
         jax.random.key(5), features=64, width=SIZES.stack_width, hidden=SIZES.stack_hidden,
         layers=L, classes=10))  # fmt: skip
     batch = jaxloops.Batch(split.train.x[:B], split.train.y[:B])
@@ -201,7 +204,7 @@ def main(out_dir: str) -> None:
     shifted = jaxloops.Batch(split.train.x[1:41], split.train.y[1:41])
     params = jax.device_get(jaxloops.init_mlp(jax.random.key(3), (64, *SIZES.hidden, 10)))
     optimizer = jaxloops.make_optimizer(SIZES.learning_rate, SIZES.weight_decay)
-    opt_state = jax.device_get(optimizer.init(params))
+    opt_state = jax.device_get(jax.jit(optimizer.init)(params))
     report = {}
     strategies(report, mesh, params, opt_state, batch, shifted, optimizer)
     stacked(report, mesh, split)
