@@ -123,6 +123,16 @@ def test_a_policy_that_does_not_exist_is_refused_by_name():
         memory.remat_policy("dots_saveable")
 
 
+def test_max_error_is_the_largest_difference_and_close_within_holds_exactly_at_its_bound():
+    a = {"w": np.array([[1.0, -3.0]], np.float32), "b": np.array([0.5], np.float32)}
+    b = {"w": np.array([[1.5, -3.0]], np.float32), "b": np.array([0.25], np.float32)}
+    assert memory.max_error(a, b) == (0.5, 3.0)  # max |a - b| over leaves, max |a|
+    # Bounds of terms * eps * 3 on either side of the error 0.5: one term apart decides.
+    terms = math.ceil(0.5 / (float(np.finfo(np.float32).eps) * 3.0))
+    assert memory.close_within(a, b, terms)["ok"]
+    assert not memory.close_within(a, b, terms - 1)["ok"]
+
+
 def test_close_within_rejects_a_bound_of_no_terms():
     with pytest.raises(ValueError, match="terms must be >= 1, got 0"):
         memory.close_within(np.ones(2), np.ones(2), 0)
