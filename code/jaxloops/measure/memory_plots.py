@@ -32,10 +32,9 @@ def formula_against_compiled(rows, center: dict):
 def remat_tradeoff(policy_rows):
     """Compiled scratch against recomputed GFLOPs, one point per remat policy."""
     fig, ax = subplots(figsize=(5.5, 3.2))
-    for row in policy_rows:
-        point = (row["extra GFLOP per block"], row["temp MiB"])
-        ax.plot(*point, "o")
-        ax.annotate(row["policy"], point, textcoords="offset points", xytext=(5, 3))
+    for row in policy_rows:  # named in a legend: two policies' points may nearly coincide
+        ax.plot(row["extra GFLOP per block"], row["temp MiB"], "o", label=row["policy"])
+    ax.legend(title="remat policy")
     ax.set_xlabel("recomputed GFLOP per block (cost analysis)")
     ax.set_ylabel("compiled temp (MiB)")
     fig.tight_layout()
