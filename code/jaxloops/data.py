@@ -62,18 +62,23 @@ def kept_in_data_cache(make_split):
     that split (one .npz per arguments, scikit-learn version and source of `make_split`),
     else made and kept there."""
 
+    signature = inspect.signature(make_split)
+
+    @functools.cache  # the same for every call: read once, and only where the cache is used
+    def version_and_code():
+        # The split changes with scikit-learn's version or the function's code: both name it.
+        code = hashlib.sha256(inspect.getsource(make_split).encode()).hexdigest()[:12]
+        return f"sklearn{importlib.metadata.version('scikit-learn')}-{code}"
+
     @functools.wraps(make_split)
     def cached(*args, **kwargs):
         folder = os.environ.get(DATA_CACHE)
         if not folder:
             return make_split(*args, **kwargs)
-        bound = inspect.signature(make_split).bind(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         key = "-".join(map(str, bound.arguments.values()))
-        # The split changes with scikit-learn's version or the function's code: both name it.
-        version = importlib.metadata.version("scikit-learn")
-        code = hashlib.sha256(inspect.getsource(make_split).encode()).hexdigest()[:12]
-        path = pathlib.Path(folder) / f"{make_split.__name__}-{key}-sklearn{version}-{code}.npz"
+        path = pathlib.Path(folder) / f"{make_split.__name__}-{key}-{version_and_code()}.npz"
         if path.exists():
             with np.load(path) as arrays:
                 held = lambda n: f"{n}_x" in arrays

@@ -225,8 +225,9 @@ def max_error(a, b) -> tuple[float, float]:
     """(max |a - b| over every leaf, max |a| over every leaf) of two pytrees of arrays,
     computed exactly (float64) on the host."""
     leaves = lambda tree: [np.asarray(x, np.float64) for x in jax.tree.leaves(tree)]  # noqa: E731
-    diff = max(float(np.max(np.abs(x - y))) for x, y in zip(leaves(a), leaves(b)))
-    scale = max(float(np.max(np.abs(x))) for x in leaves(a))
+    a_leaves = leaves(a)  # fetched and converted once, for both maxima
+    diff = max(float(np.max(np.abs(x - y))) for x, y in zip(a_leaves, leaves(b)))
+    scale = max(float(np.max(np.abs(x))) for x in a_leaves)
     return diff, scale
 
 
