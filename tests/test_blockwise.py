@@ -10,6 +10,7 @@ from conftest import normal
 from jaxloops import measure
 from jaxloops.blockwise import (
     Tiling,
+    choose_tiling,
     computed_scores,
     default_blocks,
     heads_per_step,
@@ -300,14 +301,22 @@ def test_online_softmax_over_two_blocks_equals_softmax():
 
 def test_bad_block_size_and_shapes_raise():
     query, key, value = qkv(7, 7, 6, 3)
-    with pytest.raises(ValueError, match="rows_per_step must be >= 1, got 0, 4, 2048"):
+    with pytest.raises(ValueError, match="block_size and parallel_blocks must be >= 1, got 0, 4"):
         jaxloops.blockwise_attention(query, key, value, block_size=0)
-    with pytest.raises(ValueError, match="got 8, 0, 2048"):
+    with pytest.raises(ValueError, match="got 8, 0"):
         jaxloops.blockwise_attention(query, key, value, block_size=8, parallel_blocks=0)
-    with pytest.raises(ValueError, match="got 8, 4, 0"):
+    with pytest.raises(ValueError, match="rows_per_step must be >= 1, got 0"):
         jaxloops.blockwise_attention(query, key, value, block_size=8, rows_per_step=0)
     with pytest.raises(ValueError, match="6 heads, key/value has 4"):
         jaxloops.blockwise_attention(query, *qkv(7, 7, 6, 4)[1:])
+
+
+def test_the_tiling_clips_blocks_to_the_lengths_and_tiles_to_the_blocks_there_are():
+    # T = 700, causal: blocks of 128, two to a tile (default_blocks); S = 100 < 128.
+    assert choose_tiling(700, 100, True) == Tiling(700, 100, 256, 100, True)
+    # Seven queries in blocks of 3: three blocks, so a tile of 4 blocks holds 3 (9 rows).
+    assert choose_tiling(7, 7, False, block_size=3, parallel_blocks=4) == Tiling(7, 7, 9, 3, False)
+    assert choose_tiling(2048, 2048, True) == Tiling(2048, 2048, 512, 256, True)
 
 
 def test_empty_and_integer_inputs_raise_naming_them():

@@ -174,7 +174,7 @@ def test_the_goal_findings_fail_each_goal_the_figures_miss_on_two_free_cores():
     goal = {"of_ceiling": 0.6, "gradient_over_forward": 3.1, "ceiling": 2e11, "tokens_per_s": 7e3}
     failed, sentence = step_speed.goal_findings(goal, 1.97, 2)
     assert failed == [] and "60% of the 200 GFLOP/s" in sentence and "both goals met" in sentence
-    for wrong in ({"of_ceiling": 0.49}, {"gradient_over_forward": 3.51}, {"of_ceiling": 1.1}):
+    for wrong in ({"of_ceiling": 0.49}, {"gradient_over_forward": 3.61}, {"of_ceiling": 1.1}):
         assert len(step_speed.goal_findings({**goal, **wrong}, 1.97, 2)[0]) == 1, wrong
     # One core busy (free_cores read 1.06 in a busy build): the goals are not checked, the
     # ceiling still is, and the sentence says why.

@@ -47,6 +47,7 @@ __all__ = (
     "Tiling",
     "blockwise_attention",
     "can_unroll",
+    "choose_tiling",
     "computed_scores",
     "default_blocks",
     "fold_rows",
@@ -288,6 +289,23 @@ def default_blocks(T: int, is_causal: bool) -> tuple[int, int]:
     return block, CAUSAL_QUERY_TILE // block
 
 
+def choose_tiling(
+    T: int, S: int, is_causal: bool, block_size: int | None = None, parallel_blocks=None
+) -> Tiling:
+    """The tiling `blockwise_attention` walks for T queries and S keys: blocks of
+    `block_size` queries and keys (at most T and S), and query tiles of `parallel_blocks`
+    query blocks, no more than there are. None takes `default_blocks(T, is_causal)`."""
+    default_block, default_parallel = default_blocks(T, is_causal)
+    block_size = default_block if block_size is None else block_size
+    parallel_blocks = default_parallel if parallel_blocks is None else parallel_blocks
+    if block_size < 1 or parallel_blocks < 1:
+        raise ValueError(
+            f"block_size and parallel_blocks must be >= 1, got {block_size}, {parallel_blocks}"
+        )
+    Tb = min(block_size, T)
+    return Tiling(T, S, min(parallel_blocks, -(-T // Tb)) * Tb, min(block_size, S), is_causal)
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -341,18 +359,10 @@ def blockwise_attention(
     """
     query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
     B, T, S, N, K, H = check_attention_shapes(query, key, value)
-    default_block, default_parallel = default_blocks(T, is_causal)
-    block_size = default_block if block_size is None else block_size
-    parallel_blocks = default_parallel if parallel_blocks is None else parallel_blocks
-    if block_size < 1 or parallel_blocks < 1 or rows_per_step < 1:
-        raise ValueError(
-            f"block_size, parallel_blocks and rows_per_step must be >= 1, got {block_size}, "
-            f"{parallel_blocks}, {rows_per_step}"
-        )
-    Tb, Sb = min(block_size, T), min(block_size, S)
-    # No more parallel blocks than there are blocks; independent rows, stacked into one tile.
-    Tq = min(parallel_blocks, -(-T // Tb)) * Tb
-    tiling = Tiling(T, S, Tq, Sb, is_causal)
+    if rows_per_step < 1:
+        raise ValueError(f"rows_per_step must be >= 1, got {rows_per_step}")
+    tiling = choose_tiling(T, S, is_causal, block_size, parallel_blocks)
+    Tq, Sb = tiling.Tq, tiling.Sb
     per_step = heads_per_step(B * K, (N // K) * Tq, rows_per_step)
 
     unroll = custom_vjp and unrolls(tiling) if unroll is None else unroll

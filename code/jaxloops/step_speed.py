@@ -291,11 +291,11 @@ def allocator_findings(faults: float, temp_bytes: int, runs: dict):
 
 
 # Chapter 11's goals for the train step at `LanguageModelSizes.goal`, on two free CPU cores:
-# half the ceiling, and a gradient of at most 3.5 forward passes, halfway between the 3
-# predicted and the 4 of a gradient that recomputes the forward pass. Quiet builds read 63 to
-# 65 % and 3.08 to 3.15; the first goals, 55 % and 3.3, sat close enough to those for one
+# half the ceiling, and a gradient of at most 3.6 forward passes, well under the 4 of a
+# gradient that computes the forward pass again (3 are predicted). Quiet builds read 56 to
+# 67 % and 2.97 to 3.25; the first goals, 55 % and 3.3, sat close enough to those for one
 # fresh-clone CI build to fail (3.32).
-GOAL_OF_CEILING, GOAL_GRADIENT_OVER_FORWARD = 0.5, 3.5
+GOAL_OF_CEILING, GOAL_GRADIENT_OVER_FORWARD = 0.5, 3.6
 
 
 def goal_findings(goal: dict, cores: float, cpu_count: int):

@@ -17,6 +17,7 @@ from jaxloops.attention import attention, causal_mask, softmax
 from jaxloops.blockwise import (
     Tiling,
     blockwise_attention,
+    choose_tiling,
     heads_per_step,
     online_softmax_step,
     tile_scores,
@@ -226,8 +227,7 @@ def blockwise_tile_parts(
     """A profile of blockwise attention by parts: one step's moves compiled and timed alone.
 
     A step is what one trip of the key loop handles at T = S (B = 1, K = N = heads): per_step
-    tiles (from `heads_per_step`) of Tq = parallel_blocks * Tb query rows against Sb = Tb
-    keys.
+    tiles (from `heads_per_step`) of Tq query rows against Sb keys (`choose_tiling`).
     Each part is timed per step and multiplied by the number of steps,
     ceil(T / Tq) * heads / per_step * ceil(T / Sb). In the same rotation: the whole
     `blockwise_attention` call at T = S, and a square float32 matmul scaled to the same FLOPs
@@ -236,7 +236,8 @@ def blockwise_tile_parts(
     Returns:
       Rows (part, flops, bytes_accessed, transcendentals, seconds_per_call, seconds).
     """
-    Tq, Sb = parallel_blocks * block_size, block_size
+    tiling = choose_tiling(T, T, False, block_size, parallel_blocks)
+    Tq, Sb = tiling.Tq, tiling.Sb
     per_step = heads_per_step(heads, Tq)
     n_steps = -(-T // Tq) * (heads // per_step) * -(-T // Sb)
     rng = np.random.default_rng(np.asarray(jax.random.key_data(key)))
