@@ -43,6 +43,21 @@ def test_raise_roofline_is_what_every_later_chapter_reads(tmp_path, monkeypatch)
     assert measure.roofline().flops_per_s == 9.0 and measure.roofline().flops_samples == (7.0, 9.0)
 
 
+def test_samples_beside_the_ceiling_raise_a_ceiling_measured_at_a_slow_moment(
+    tmp_path, monkeypatch
+):
+    rooflines = importlib.import_module("jaxloops.measure.roofline")
+    monkeypatch.setenv(rooflines.ROOFLINE_ENV, str(tmp_path / "roofline.json"))
+    rooflines.store_roofline(_roof(flops=(1.0,)))  # 1 FLOP/s: any 8 x 8 matmul beats it
+    calls = []
+    samples, roof = measure.samples_beside_ceiling({"work": lambda: calls.append(1)}, 3)
+    assert list(samples) == ["work"] and len(samples["work"]) == 3
+    assert len(roof.flops_samples) == 4 and roof.flops_per_s == max(roof.flops_samples) > 1.0
+    assert measure.roofline() == roof  # stored for every later chapter
+    with pytest.raises(ValueError, match="names the ceiling's own samples"):
+        measure.samples_beside_ceiling({rooflines.MATMUL: lambda: None}, 1)
+
+
 def test_an_epoch_above_the_ceiling_is_measured_again_beside_it(key, monkeypatch):
     import jaxloops
 

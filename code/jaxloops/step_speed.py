@@ -29,13 +29,7 @@ from jaxloops.attention import textbook_attention as textbook_attention  # the c
 from jaxloops.data import Batch
 from jaxloops.measure import breakdown
 from jaxloops.measure.compiled import lowered_flops
-from jaxloops.measure.roofline import (
-    CEILING_MARGIN,
-    MATMUL,
-    ceiling_runs,
-    raise_roofline,
-    roofline,
-)
+from jaxloops.measure.roofline import CEILING_MARGIN, roofline, samples_beside_ceiling
 from jaxloops.measure.throughput import TWO_FREE_CORES
 from jaxloops.measure.timing import interleaved_samples
 from jaxloops.text import VOCAB_SIZE
@@ -98,11 +92,8 @@ def step_rates(programs: dict, rounds: int) -> dict:
       {"seconds": {name: median}, "flops": step FLOPs (cost analysis), "tokens_per_s",
        "flops_per_s", "ceiling": the raised matmul ceiling, "of_ceiling", "gradient_over_forward"}.
     """
-    roof = roofline()
     runs = {name: (lambda c=programs[name][0], a=programs[name][1]: c(*a)) for name in PROGRAMS}
-    runs[MATMUL] = ceiling_runs(jax.random.key(1), matmul_size=roof.matmul_size)[MATMUL]
-    samples = interleaved_samples(runs, rounds)
-    roof = raise_roofline(flops_samples=[2.0 * roof.matmul_size**3 / s for s in samples[MATMUL]])
+    samples, roof = samples_beside_ceiling(runs, rounds)
     seconds = {name: statistics.median(samples[name]) for name in PROGRAMS}
     flops = programs["step_flops"]
     rate = flops / seconds["step"]

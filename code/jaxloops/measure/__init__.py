@@ -56,6 +56,7 @@ from jaxloops.measure.roofline import (
     measure_roofline,
     raise_roofline,
     roofline,
+    samples_beside_ceiling,
 )
 from jaxloops.measure.sweeps import (
     attention_sweep,
@@ -157,6 +158,7 @@ __all__ = (
     "random_qkv",
     "reference_attention",
     "roofline",
+    "samples_beside_ceiling",
     "Roofline",
     "run_attention",
     "run_label",

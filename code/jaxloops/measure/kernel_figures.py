@@ -33,7 +33,8 @@ def trace_note(split: dict | None, traced_ms: float, dots_pred_ms: float) -> str
     return (
         f"In the trace, the two matmul fusions took {dots_ms:.0f} ms per call, "
         f"{dots_ms / dots_pred_ms:.2f} times the {dots_pred_ms:.0f} ms the roofline allows "
-        f"their FLOPs ({100 * dots_pred_ms / dots_ms:.0f} % of the ceiling), and "
+        f"their FLOPs ({100 * dots_pred_ms / dots_ms:.0f} % of the ceiling, sampled again "
+        f"beside the same calls just before the trace), and "
         f"{100 * dots_ms / traced_ms:.0f} % of the {traced_ms:.0f} ms the trace accounts "
         f"for; the passes over the score tile between them (maximum, exponentials, sum) "
         f"took {softmax_ms:.0f} ms, {100 * softmax_ms / traced_ms:.0f} %. Beyond the "

@@ -186,3 +186,19 @@ def raise_roofline(flops_samples=(), bytes_samples=()) -> Roofline:
     """Adds ceiling samples taken beside some work to this build's roofline, stores it for
     every later chapter, and returns it."""
     return store_roofline(roofline().raised(flops_samples, bytes_samples))
+
+
+def samples_beside_ceiling(runs: dict, rounds: int) -> tuple[dict[str, list[float]], Roofline]:
+    """`interleaved_samples` of `runs` ({name: () -> result}) taken in turn with the
+    roofline's matmul, whose samples raise this build's ceiling (`raise_roofline`).
+
+    Returns:
+      (the seconds of each of `runs`, the roofline now: its ceiling was sampled beside them).
+    """
+    if MATMUL in runs:
+        raise ValueError(f"{MATMUL!r} names the ceiling's own samples; rename that run")
+    n = roofline().matmul_size
+    matmul = ceiling_runs(jax.random.key(1), matmul_size=n)[MATMUL]
+    samples = interleaved_samples({**runs, MATMUL: matmul}, rounds)
+    roof = raise_roofline(flops_samples=[2.0 * n**3 / s for s in samples.pop(MATMUL)])
+    return samples, roof
