@@ -4,10 +4,11 @@ A latency prediction is max(FLOPs / ceiling FLOP/s, bytes / bandwidth). Each cei
 best of its samples (the timing rule, `jaxloops.measure.timing`): one call each of a large
 float32 matmul and of a large read, taken in turn, so that a busy moment of a shared machine
 hits both, and the fastest call is the least disturbed. A chapter that compares a program
-with a ceiling samples the ceiling again, interleaved with that program (`ceiling_runs`), and
-raises the build's roofline with those samples (`raise_roofline`): a rate above the ceiling
-means the ceiling was measured at a bad moment, and the build measures again rather than
-publish a fraction above 1 (more than CEILING_MARGIN above it fails the page's check).
+with a ceiling samples the ceiling again, interleaved with that program
+(`samples_beside_ceiling`), and raises the build's roofline with those samples: a rate
+above the ceiling means the ceiling was measured at a bad moment, and the build measures
+again rather than publish a fraction above 1 (more than CEILING_MARGIN above it fails the
+page's check).
 
 During `make book` the first chapter that asks measures and writes the roofline to the file
 named by $JAXLOOPS_ROOFLINE (the Makefile deletes it before each build); every later chapter
