@@ -11,10 +11,12 @@ from jaxloops import measure
 from jaxloops.blockwise import (
     Tiling,
     choose_tiling,
+    from_tiles,
     computed_scores,
     default_blocks,
     heads_per_step,
     splits_diagonal,
+    to_tiles,
     unmasked_key_blocks,
     unrolls,
     visible_key_blocks,
@@ -305,10 +307,18 @@ def test_bad_block_size_and_shapes_raise():
         jaxloops.blockwise_attention(query, key, value, block_size=0)
     with pytest.raises(ValueError, match="got 8, 0"):
         jaxloops.blockwise_attention(query, key, value, block_size=8, parallel_blocks=0)
-    with pytest.raises(ValueError, match="rows_per_step must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"rows_per_step \(max_rows\) must be >= 1, got 0"):
         jaxloops.blockwise_attention(query, key, value, block_size=8, rows_per_step=0)
     with pytest.raises(ValueError, match="6 heads, key/value has 4"):
         jaxloops.blockwise_attention(query, *qkv(7, 7, 6, 4)[1:])
+
+
+def test_from_tiles_puts_every_query_row_back_where_to_tiles_took_it():
+    # T = 7 padded to tiles of 4 queries, G = 3 query heads per K = 2 kv heads, two per step.
+    query, key, value = qkv(7, 5, 6, 2)
+    tiles = to_tiles(query, key, value, 4, 2, 2)[0]  # (steps, per_step, G * Tq, H)
+    assert tiles.shape == (3 * 2 * 2 // 2, 2, 3 * 4, 5)
+    np.testing.assert_array_equal(from_tiles(tiles, 3, 6, 2, 7), query)
 
 
 def test_the_tiling_clips_blocks_to_the_lengths_and_tiles_to_the_blocks_there_are():

@@ -30,6 +30,7 @@ from jaxloops.blockwise_tiles import (  # re-exported: the tiles' pieces, one im
     Tiling,
     computed_scores,
     fold_rows,
+    from_tiles,
     heads_per_step,
     online_softmax_step,
     splits_diagonal,
@@ -51,6 +52,7 @@ __all__ = (
     "computed_scores",
     "default_blocks",
     "fold_rows",
+    "from_tiles",
     "heads_per_step",
     "online_softmax_step",
     "splits_diagonal",
@@ -359,25 +361,20 @@ def blockwise_attention(
     """
     query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
     B, T, S, N, K, H = check_attention_shapes(query, key, value)
-    if rows_per_step < 1:
-        raise ValueError(f"rows_per_step must be >= 1, got {rows_per_step}")
     tiling = choose_tiling(T, S, is_causal, block_size, parallel_blocks)
-    Tq, Sb = tiling.Tq, tiling.Sb
-    per_step = heads_per_step(B * K, (N // K) * Tq, rows_per_step)
+    per_step = heads_per_step(B * K, (N // K) * tiling.Tq, rows_per_step)
 
     unroll = custom_vjp and unrolls(tiling) if unroll is None else unroll
     if unroll and not can_unroll(tiling):
         raise ValueError(
             f"unroll=True needs T = S and query tiles of whole key blocks when causal: got T "
-            f"{T}, S {S}, {Tq} queries a tile, key blocks of {Sb}"
+            f"{T}, S {S}, {tiling.Tq} queries a tile, key blocks of {tiling.Sb}"
         )
     forward = _forward_unrolled if unroll else _forward
 
-    tiles = to_tiles(query, key, value, Tq, Sb, per_step)
+    tiles = to_tiles(query, key, value, tiling.Tq, tiling.Sb, per_step)
     if custom_vjp:
         out = _blockwise_core(*tiles, tiling, forward)  # (steps, per_step, R, H)
     else:
         out = forward(*tiles, tiling)[0]
-    out = out.reshape(-1, B, K, N // K, Tq, H)  # (nT, B, K, G, Tq, H)
-    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(B, -1, N, H)  # (B, nT * Tq, N, H)
-    return out[:, :T].astype(value.dtype)  # (B, T, N, H)
+    return from_tiles(out, B, N, K, T).astype(value.dtype)  # (B, T, N, H)

@@ -37,6 +37,8 @@ def heads_per_step(n_heads: int, rows: int, max_rows: int = ROWS_PER_STEP) -> in
     The largest divisor of n_heads that keeps (divisor * rows) <= max_rows; 1 if even one
     tile is larger.
     """
+    if max_rows < 1:
+        raise ValueError(f"rows_per_step (max_rows) must be >= 1, got {max_rows}")
     fits = [p for p in range(1, n_heads + 1) if n_heads % p == 0 and p * rows <= max_rows]
     return max(fits, default=1)
 
@@ -266,3 +268,13 @@ def to_tiles(query, key, value, Tq: int, Sb: int, per_step: int):
         for x in (key, value)
     )
     return query, key, value
+
+
+def from_tiles(out, batch: int, heads: int, kv_heads: int, T: int):
+    """Undoes `to_tiles` for the output: tiles (steps, per_step, R, H) of R = G * Tq rows
+    (G = heads / kv_heads) back to (B, T, N, H), the padded queries dropped."""
+    G = heads // kv_heads
+    Tq, H = out.shape[2] // G, out.shape[3]
+    out = out.reshape(-1, batch, kv_heads, G, Tq, H)  # (nT, B, K, G, Tq, H)
+    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(batch, -1, heads, H)  # (B, nT * Tq, N, H)
+    return out[:, :T]
