@@ -11,9 +11,9 @@ from jaxloops import measure
 from jaxloops.blockwise import (
     Tiling,
     choose_tiling,
-    from_tiles,
     computed_scores,
     default_blocks,
+    from_tiles,
     heads_per_step,
     splits_diagonal,
     to_tiles,
