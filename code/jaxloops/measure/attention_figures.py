@@ -203,6 +203,13 @@ def on_tuned_machine(cores: float, cpu_count: int, backend: str) -> bool:
     return backend == "cpu" and cpu_count == 2 and cores >= TWO_FREE_CORES
 
 
+def _off_the_tuned_machine(cores: float, cpu_count: int, backend: str) -> str:
+    """What a build off the tuned machine found: the clause chapter 9's verdicts end with."""
+    if backend == "cpu":
+        return f"this build found {cores:.2f} of {cpu_count} cores free"
+    return f"this build runs on a {backend}, where the defaults were never tuned"
+
+
 def causal_goal(speedups: dict[int, float], cores: float, cpu_count: int, backend: str):
     """The causal speedups (T -> full / causal, T >= 1024) against chapter 9's goal: (the
     claims they contradict, the sentence that says what was checked, the lengths checked).
@@ -228,14 +235,10 @@ def causal_goal(speedups: dict[int, float], cores: float, cpu_count: int, backen
             f"the defaults were tuned on ({cores:.2f} cores free here)"
         )
     else:
-        where = (
-            f"this build found {cores:.2f} of {cpu_count} cores free"
-            if backend == "cpu"
-            else f"this build runs on a {backend}, where the defaults were never tuned"
-        )
         sentence = (
             f"the page checks {bound} at T ≥ 2048 only: the goal, {CAUSAL_GOAL} at every "
-            f"T ≥ 1024, is set for a 2-core CPU with both cores free, and {where}"
+            f"T ≥ 1024, is set for a 2-core CPU with both cores free, and "
+            f"{_off_the_tuned_machine(cores, cpu_count, backend)}"
         )
     return failed, sentence, checked
 
@@ -257,10 +260,7 @@ def unroll_findings(ratio: dict[str, float], cores: float, cpu_count: int, backe
     clause = f"{gain:.2f} times as fast as walked" + (
         ", faster, as the page checks on the 2-core CPU the defaults were tuned on, both cores free"
         if tuned
-        else "; the page checks the direction only on a 2-core CPU with both cores free, and "
-        f"this build found {cores:.2f} of {cpu_count} cores free"
-        if backend == "cpu"
-        else f"; the page checks the direction only on the 2-core CPU the defaults were tuned "
-        f"on, and this build runs on a {backend}"
+        else "; the page checks the direction only on the 2-core CPU the defaults were tuned "
+        f"on, with both cores free, and {_off_the_tuned_machine(cores, cpu_count, backend)}"
     )
     return [claim for claim, holds in claims.items() if not holds], clause
