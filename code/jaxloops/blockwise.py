@@ -292,7 +292,11 @@ def default_blocks(T: int, is_causal: bool) -> tuple[int, int]:
 
 
 def choose_tiling(
-    T: int, S: int, is_causal: bool, block_size: int | None = None, parallel_blocks=None
+    T: int,
+    S: int,
+    is_causal: bool,
+    block_size: int | None = None,
+    parallel_blocks: int | None = None,
 ) -> Tiling:
     """The tiling `blockwise_attention` walks for T queries and S keys: blocks of
     `block_size` queries and keys (at most T and S), and query tiles of `parallel_blocks`
