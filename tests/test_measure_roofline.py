@@ -48,13 +48,17 @@ def test_samples_beside_the_ceiling_raise_a_ceiling_measured_at_a_slow_moment(
 ):
     rooflines = importlib.import_module("jaxloops.measure.roofline")
     monkeypatch.setenv(rooflines.ROOFLINE_ENV, str(tmp_path / "roofline.json"))
-    rooflines.store_roofline(_roof(flops=(1.0,)))  # 1 FLOP/s: any 8 x 8 matmul beats it
+    # 1 FLOP/s and 1 byte/s: any 8 x 8 matmul and any read of 64 bytes beat them.
+    rooflines.store_roofline(_roof(flops=(1.0,), rates=(1.0,)))
     calls = []
     samples, roof = measure.samples_beside_ceiling({"work": lambda: calls.append(1)}, 3)
     assert list(samples) == ["work"] and len(samples["work"]) == 3
     assert len(roof.flops_samples) == 4 and roof.flops_per_s == max(roof.flops_samples) > 1.0
+    assert roof.bytes_samples == (1.0,)  # the read only when asked for
     assert measure.roofline() == roof  # stored for every later chapter
-    with pytest.raises(ValueError, match="names the ceiling's own samples"):
+    _, roof = measure.samples_beside_ceiling({"work": lambda: None}, 2, read=True)
+    assert len(roof.bytes_samples) == 3 and roof.bytes_per_s == max(roof.bytes_samples) > 1.0
+    with pytest.raises(ValueError, match="name the ceilings' own samples"):
         measure.samples_beside_ceiling({rooflines.MATMUL: lambda: None}, 1)
 
 

@@ -282,11 +282,12 @@ def allocator_findings(faults: float, temp_bytes: int, runs: dict):
 
 
 # Chapter 11's goals for the train step at `LanguageModelSizes.goal`, on two free CPU cores:
-# half the ceiling, and a gradient of at most 3.6 forward passes, well under the 4 of a
-# gradient that computes the forward pass again (3 are predicted). Quiet builds read 56 to
-# 67 % and 2.97 to 3.25; the first goals, 55 % and 3.3, sat close enough to those for one
-# fresh-clone CI build to fail (3.32).
-GOAL_OF_CEILING, GOAL_GRADIENT_OVER_FORWARD = 0.5, 3.6
+# 45 % of the ceiling, and a gradient of at most 3.6 forward passes, well under the 4 of a
+# gradient that computes the forward pass again (3 are predicted). Quiet builds read 54 to
+# 67 % and 2.94 to 3.25 (the step is a median, the ceiling the best sample, so a slow hour
+# lowers the first); the first goals, 55 % and 3.3, sat close enough to those for fresh-clone
+# CI builds to miss them (3.32 once, 54 % once).
+GOAL_OF_CEILING, GOAL_GRADIENT_OVER_FORWARD = 0.45, 3.6
 
 
 def goal_findings(goal: dict, cores: float, cpu_count: int):

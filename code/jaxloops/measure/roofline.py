@@ -189,17 +189,22 @@ def raise_roofline(flops_samples=(), bytes_samples=()) -> Roofline:
     return store_roofline(roofline().raised(flops_samples, bytes_samples))
 
 
-def samples_beside_ceiling(runs: dict, rounds: int) -> tuple[dict[str, list[float]], Roofline]:
+def samples_beside_ceiling(
+    runs: dict, rounds: int, *, read: bool = False
+) -> tuple[dict[str, list[float]], Roofline]:
     """`interleaved_samples` of `runs` ({name: () -> result}) taken in turn with the
-    roofline's matmul, whose samples raise this build's ceiling (`raise_roofline`).
+    roofline's matmul (and, with `read`, its read), whose samples raise this build's
+    ceilings (`raise_roofline`).
 
     Returns:
-      (the seconds of each of `runs`, the roofline now: its ceiling was sampled beside them).
+      (the seconds of each of `runs`, the roofline now: its ceilings were sampled beside them).
     """
-    if MATMUL in runs:
-        raise ValueError(f"{MATMUL!r} names the ceiling's own samples; rename that run")
-    n = roofline().matmul_size
-    matmul = ceiling_runs(jax.random.key(1), matmul_size=n)[MATMUL]
-    samples = interleaved_samples({**runs, MATMUL: matmul}, rounds)
-    roof = raise_roofline(flops_samples=[2.0 * n**3 / s for s in samples.pop(MATMUL)])
-    return samples, roof
+    if MATMUL in runs or READ in runs:
+        raise ValueError(f"{MATMUL!r} and {READ!r} name the ceilings' own samples")
+    roof = roofline()
+    read_bytes = roof.read_bytes if read else None
+    ceilings = ceiling_runs(jax.random.key(1), matmul_size=roof.matmul_size, read_bytes=read_bytes)
+    samples = interleaved_samples({**runs, **ceilings}, rounds)
+    own = {name: samples.pop(name) for name in ceilings}
+    rates = ceiling_rates(own, roof.matmul_size, roof.read_bytes)
+    return samples, raise_roofline(flops_samples=rates["flops"], bytes_samples=rates["bytes"])
