@@ -108,7 +108,9 @@ def test_loop_copies_counts_the_cache_copies_a_loop_body_makes():
 
 
 def test_softmax_control_keeps_the_passes_and_bytes_but_no_exponential():
-    scores = np.random.default_rng(0).standard_normal((3, 5, 7, 11)).astype(np.float32)
+    # Rows of 128 keys, as a key block has: with rows of 11, XLA 0.12.1 recomputes the
+    # control's division in its consumers instead of writing it (0.7 of the bytes).
+    scores = np.random.default_rng(0).standard_normal((2, 3, 16, 128)).astype(np.float32)
     real = measure.compiled_costs(softmax, scores)
     control = measure.compiled_costs(measure.softmax_without_exp, scores)
     assert real["transcendentals"] >= scores.size and control["transcendentals"] == 0

@@ -245,7 +245,9 @@ def run_processes(out_dir, *, num_processes: int, devices_per_process: int, size
     common = [f"--port={port}", f"--processes={num_processes}", f"--sizes={part}"]
     common += [f"--devices={devices_per_process}", f"--out={out_dir}"]
     common += [] if save is None else [f"--checkpoint={save}"]
-    env = workers.cpu_env(devices_per_process)
+    # Each process compiles its own programs: under JAX 0.12.1 a process that loaded them
+    # from the persistent compilation cache aborted the run (0.10.2 and 0.12.0 did not).
+    env = {**workers.cpu_env(devices_per_process), "JAX_ENABLE_COMPILATION_CACHE": "false"}
     processes = [
         subprocess.Popen(
             workers.command("sharding", f"--process={i}", *common),
