@@ -82,6 +82,13 @@ class Roofline:
         )  # fmt: skip
 
 
+# The ceilings' programs, jitted once: each `ceiling_runs` call (one per chapter that samples
+# the ceiling beside its work, one per length of chapter 10's decode sweep) reuses them.
+# Full float32 precision: on GPUs the default would be TF32 (or bf16 passes on TPU).
+_matmul = jax.jit(functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST))
+_read = jax.jit(lambda x: jnp.sum(x, dtype=jnp.float32))
+
+
 def ceiling_runs(key: jax.Array, *, matmul_size: int, read_bytes: int | None = None) -> dict:
     """The calls that sample the ceilings, `() -> result`, to interleave with other work:
     {MATMUL: an (n x n) @ (n x n) float32 matmul (2 n^3 FLOPs), READ: a sum over a float32
@@ -91,13 +98,10 @@ def ceiling_runs(key: jax.Array, *, matmul_size: int, read_bytes: int | None = N
     a_key, b_key = jax.random.split(key)
     a = jax.random.normal(a_key, (matmul_size, matmul_size), jnp.float32)
     b = jax.random.normal(b_key, (matmul_size, matmul_size), jnp.float32)
-    # Full float32 precision: on GPUs the default would be TF32 (or bf16 passes on TPU).
-    matmul = jax.jit(functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST))
-    runs = {MATMUL: lambda: matmul(a, b)}
+    runs = {MATMUL: lambda: _matmul(a, b)}
     if read_bytes is not None:
         big = jnp.ones((read_bytes // 4,), jnp.float32)
-        read = jax.jit(lambda x: jnp.sum(x, dtype=jnp.float32))
-        runs[READ] = lambda: read(big)
+        runs[READ] = lambda: _read(big)
     return runs
 
 
