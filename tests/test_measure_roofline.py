@@ -6,7 +6,6 @@ import pytest
 
 from conftest import normal
 from jaxloops import measure
-from jaxloops.measure import throughput
 
 
 def _roof(flops=(3.0, 7.0, 5.0), rates=(2.0, 1.0)):
@@ -60,6 +59,15 @@ def test_samples_beside_the_ceiling_raise_a_ceiling_measured_at_a_slow_moment(
     assert len(roof.bytes_samples) == 3 and roof.bytes_per_s == max(roof.bytes_samples) > 1.0
     with pytest.raises(ValueError, match="name the ceilings' own samples"):
         measure.samples_beside_ceiling({rooflines.MATMUL: lambda: None}, 1)
+    # Another matmul joins the compute ceiling's samples at its own FLOPs per call.
+    _, roof = measure.samples_beside_ceiling(
+        {"work": lambda: None}, 2, matmuls={"own": (lambda: None, 1e15)}
+    )
+    assert len(roof.flops_samples) == 6 + 2 + 2 and roof.flops_per_s > 1e15  # 6 before it
+    with pytest.raises(ValueError, match="share no name"):
+        measure.samples_beside_ceiling(
+            {"work": lambda: None}, 1, matmuls={"work": (lambda: None, 1.0)}
+        )
 
 
 def test_an_epoch_above_the_ceiling_is_measured_again_beside_it(key, monkeypatch):
@@ -83,14 +91,15 @@ def test_an_epoch_above_the_ceiling_is_measured_again_beside_it(key, monkeypatch
 
         return fake
 
-    monkeypatch.setattr(throughput, "roofline", lambda: _roof())
-    monkeypatch.setattr(throughput, "raise_roofline", stuck_at(1.0))  # 1 FLOP/s: always beaten
+    rooflines = importlib.import_module("jaxloops.measure.roofline")
+    monkeypatch.setattr(rooflines, "roofline", lambda: _roof())
+    monkeypatch.setattr(rooflines, "raise_roofline", stuck_at(1.0))  # 1 FLOP/s: always beaten
     rows, roof = measure.scan_throughputs(epochs, rounds=2, tries=3)
     # Three tries: 2 samples of the roofline's matmul, then 2 more of the epoch's own layer too.
     assert raises == [2, 4, 4]
     assert rows["a"]["flops_per_s"] > roof.flops_per_s  # still above: the page's check fails
     raises.clear()
-    monkeypatch.setattr(throughput, "raise_roofline", stuck_at(1e30))
+    monkeypatch.setattr(rooflines, "raise_roofline", stuck_at(1e30))
     measure.scan_throughputs(epochs, rounds=2, tries=3)
     assert raises == [2]  # below the ceiling at once: measured once
 

@@ -194,21 +194,27 @@ def raise_roofline(flops_samples=(), bytes_samples=()) -> Roofline:
 
 
 def samples_beside_ceiling(
-    runs: dict, rounds: int, *, read: bool = False
+    runs: dict, rounds: int, *, read: bool = False, matmuls: dict | None = None
 ) -> tuple[dict[str, list[float]], Roofline]:
     """`interleaved_samples` of `runs` ({name: () -> result}) taken in turn with the
     roofline's matmul (and, with `read`, its read), whose samples raise this build's
-    ceilings (`raise_roofline`).
+    ceilings (`raise_roofline`). `matmuls` ({name: (() -> result, FLOPs of a call)}) adds
+    other matmuls to the compute ceiling's samples: the work's own kind of matmul.
 
     Returns:
       (the seconds of each of `runs`, the roofline now: its ceilings were sampled beside them).
     """
-    if MATMUL in runs or READ in runs:
-        raise ValueError(f"{MATMUL!r} and {READ!r} name the ceilings' own samples")
+    matmuls = matmuls or {}
+    if {MATMUL, READ} & (set(runs) | set(matmuls)) or set(runs) & set(matmuls):
+        names = f"{sorted(runs)}, {sorted(matmuls)}"
+        raise ValueError(f"{MATMUL!r} and {READ!r} name the ceilings' own samples, and a run "
+                         f"and a matmul share no name: {names}")  # fmt: skip
     roof = roofline()
     read_bytes = roof.read_bytes if read else None
     ceilings = ceiling_runs(jax.random.key(1), matmul_size=roof.matmul_size, read_bytes=read_bytes)
+    ceilings |= {name: run for name, (run, _) in matmuls.items()}
     samples = interleaved_samples({**runs, **ceilings}, rounds)
     own = {name: samples.pop(name) for name in ceilings}
     rates = ceiling_rates(own, roof.matmul_size, roof.read_bytes)
+    rates["flops"] += [f / s for name, (_, f) in matmuls.items() for s in own[name]]
     return samples, raise_roofline(flops_samples=rates["flops"], bytes_samples=rates["bytes"])

@@ -15,13 +15,7 @@ from jaxloops.data import Batch, epoch_batches
 from jaxloops.loop import fit, make_epoch, python_loop, unstack
 from jaxloops.measure.compiled import lowered_flops
 from jaxloops.measure.profile import HOST_WORK
-from jaxloops.measure.roofline import (
-    CEILING_MARGIN,
-    MATMUL,
-    ceiling_runs,
-    raise_roofline,
-    roofline,
-)
+from jaxloops.measure.roofline import CEILING_MARGIN, samples_beside_ceiling
 from jaxloops.measure.timing import interleaved_samples, time_call
 
 
@@ -90,26 +84,19 @@ def scan_throughputs(epochs: dict, *, rounds: int, tries: int = 3):
     """
     if rounds < 1 or tries < 1:
         raise ValueError(f"need rounds >= 1 and tries >= 1, got {rounds}, {tries}")
-    roof = roofline()
-    ceilings = {MATMUL: (ceiling_runs(jax.random.key(1), matmul_size=roof.matmul_size)[MATMUL],
-                         2.0 * roof.matmul_size**3)}  # fmt: skip
-    runs, flops, rows = {}, {}, {}
+    runs, flops, rows, own_kind = {}, {}, {}, {}
     for label, (step, params, opt_state, batches) in epochs.items():
         compiled, flops[label] = _compiled_epoch(step, params, opt_state, batches)
         runs[label] = lambda c=compiled, a=(params, opt_state, batches): c(*a)
     for _ in range(tries):
-        samples = interleaved_samples(
-            {**runs, **{n: run for n, (run, _) in ceilings.items()}}, rounds
-        )
-        rates = [f / s for n, (_, f) in ceilings.items() for s in samples[n]]
-        roof = raise_roofline(flops_samples=rates)
+        samples, roof = samples_beside_ceiling(runs, rounds, matmuls=own_kind)
         for label in runs:
             seconds = statistics.median(samples[label])
             rows[label] = _throughput_row(epochs[label][3], flops[label], seconds)
         limit = (1 + CEILING_MARGIN) * roof.flops_per_s
         runs = {label: run for label, run in runs.items() if rows[label]["flops_per_s"] > limit}
         for label in runs:  # the offending epoch's own kind of work joins the ceiling's samples
-            ceilings[f"ceiling: {label}"] = _layer_matmul(
+            own_kind[f"ceiling: {label}"] = _layer_matmul(
                 epochs[label][1], rows[label]["batch_size"]
             )
         if not runs:
