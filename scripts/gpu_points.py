@@ -190,10 +190,14 @@ def mlp_point(run, batch_size: int) -> dict:
 
     plan, key = run.plan, jax.random.key(0)
     with jax.default_matmul_precision("highest"):  # float32 means float32, not TF32
-        params = jaxloops.init_mlp(key, (64, *plan.mlp_hidden, 10))
+        params = jaxloops.init_mlp(
+            key, (jaxloops.data.NUM_FEATURES, *plan.mlp_hidden, jaxloops.data.NUM_CLASSES)
+        )
         optimizer = jaxloops.make_optimizer(3e-3, 1e-2)
         train_step = jaxloops.make_train_step(jaxloops.mlp_loss, optimizer)
-        batches = measure.random_batches(key, plan.mlp_steps, batch_size, 64, 10)
+        batches = measure.random_batches(
+            key, plan.mlp_steps, batch_size, jaxloops.data.NUM_FEATURES, jaxloops.data.NUM_CLASSES
+        )
         row = measure.scan_throughput(
             train_step, params, optimizer.init(params), batches, plan.samples
         )

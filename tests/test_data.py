@@ -78,6 +78,20 @@ def test_to_device_checks_before_copying():
     assert isinstance(batch.x, jax.Array) and batch.x.shape == (3, 64)
 
 
+def test_by_default_examples_are_checked_as_the_digits_and_the_mlp_spans_them():
+    x, y = np.ones((3, 64), np.float32), np.array([0, 9, 10], np.int32)
+    with pytest.raises(ValueError, match="labels span \\[0, 10\\]"):  # class 10: no digit
+        jaxloops.to_device(jaxloops.Batch(x, y))
+    with pytest.raises(ValueError, match="expected \\(examples, 64\\)"):
+        jaxloops.to_device(jaxloops.Batch(np.ones((3, 63), np.float32), y % 10))
+    split = jaxloops.load_digits_split(seed=0)
+    assert split.train.x.shape[1] == jaxloops.data.NUM_FEATURES == 64
+    assert set(np.unique(split.train.y)) == set(range(jaxloops.data.NUM_CLASSES))
+    sizes = jaxloops.experiment_sizes("cpu")
+    for part in (sizes.loop, sizes.sharding):
+        assert part.widths == (64, *part.hidden, 10)
+
+
 def test_an_empty_training_set_is_named_as_such(key):
     empty = jaxloops.Batch(np.zeros((0, 64), np.float32), np.zeros((0,), np.int32))
     with pytest.raises(ValueError, match="empty"):

@@ -9,6 +9,8 @@ import dataclasses
 
 import jax
 
+from jaxloops.data import NUM_CLASSES, NUM_FEATURES
+
 
 @dataclasses.dataclass(frozen=True)
 class MeasureSizes:
@@ -33,6 +35,11 @@ class LoopSizes:
     validation_fraction: float  # chapter 7: share of the digits held out for validation
     validate_every: int  # chapter 7: epochs per compiled call, a validation after each
     patience: int  # chapter 7: validations without a new best before stopping early
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """The MLP's layer widths: the digits' features, the hidden widths, the classes."""
+        return (NUM_FEATURES, *self.hidden, NUM_CLASSES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +101,11 @@ class ShardingSizes:
     stack_hidden: int  # its F, divisible by the model axis
     stack_batch: int  # its global B, divisible by n
     grid: tuple[int, int]  # (data, model) of the 2-D mesh, product n
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """The MLP's layer widths: the digits' features, the hidden widths, the classes."""
+        return (NUM_FEATURES, *self.hidden, NUM_CLASSES)
 
 
 @dataclasses.dataclass(frozen=True)

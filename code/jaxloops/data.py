@@ -12,6 +12,10 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
+# scikit-learn's digits, the data of chapters 2-7 and 12-13: named here once.
+NUM_FEATURES = 64  # F_in: an 8 x 8 image of grey levels, flattened
+NUM_CLASSES = 10  # C: the digits 0-9
+
 
 class Batch(NamedTuple):
     """Inputs and integer targets; a pytree, so it passes through jit and scan."""
@@ -109,7 +113,7 @@ def load_digits_split(
       validation_fraction: share of all examples held out of training for validation
         (model selection, early stopping), apart from the test set; 0 for none.
     Returns:
-      A `Split` of NumPy arrays: x (examples, 64) float32, y (examples,) int32.
+      A `Split` of NumPy arrays: x (examples, NUM_FEATURES) float32, y (examples,) int32.
     Raises:
       ValueError: a validation set that leaves too few training examples, or holds too
         few to contain every class.
@@ -170,8 +174,11 @@ def validation_size(examples: int, test_fraction: float, validation_fraction: fl
     return num_validation
 
 
-def to_device(batch: Batch, num_features: int, num_classes: int) -> Batch:
-    """Checks examples, then copies them to the default device once; the loop uses only these.
+def to_device(
+    batch: Batch, num_features: int = NUM_FEATURES, num_classes: int = NUM_CLASSES
+) -> Batch:
+    """Checks examples (by default, as the digits' 64 features and 10 classes), then copies
+    them to the default device once; the loop uses only these.
 
     Raises:
       ValueError: wrong feature count, labels out of [0, C), non-finite features.

@@ -197,7 +197,7 @@ def fit_data_parallel(key, mesh: Mesh, train_local, examples: int, sizes):
     # same backend's arithmetic (another backend may round the normal draws differently).
     local = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
     with jax.default_device(local):
-        params = jax.device_get(init_mlp(init_key, (64, *sizes.hidden, 10)))
+        params = jax.device_get(init_mlp(init_key, sizes.widths))
     optimizer = make_optimizer(sizes.learning_rate, sizes.weight_decay)
     param_specs = strategy_specs(params, "dp", mesh)
     opt_specs = strategy_specs(jax.eval_shape(optimizer.init, params), "dp", mesh)

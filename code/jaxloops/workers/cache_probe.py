@@ -22,8 +22,8 @@ def compile_seconds(sizes, epochs: int = 3) -> float:
     from jaxloops.loop import make_epochs
 
     split = jaxloops.load_digits_split(seed=0)
-    train = jaxloops.to_device(split.train, 64, 10)
-    params = jaxloops.init_mlp(jax.random.key(0), (64, *sizes.hidden, 10))
+    train = jaxloops.to_device(split.train)
+    params = jaxloops.init_mlp(jax.random.key(0), sizes.widths)
     optimizer = jaxloops.make_optimizer(sizes.learning_rate, sizes.weight_decay)
     step = jaxloops.make_train_step(jaxloops.mlp_loss, optimizer)
     program = jax.jit(make_epochs(step, sizes.batch_size, epochs))

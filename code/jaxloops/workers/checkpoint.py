@@ -62,8 +62,8 @@ def experiment(model: str, sizes, device) -> Experiment:
     init_key, fit_key = jax.random.split(jax.random.key(0))
     with jax.default_device(device):
         if model == "mlp":
-            data = jaxloops.to_device(jaxloops.load_digits_split(seed=0).train, 64, 10)
-            init_params = lambda: jaxloops.init_mlp(init_key, (64, *sizes.loop.hidden, 10))
+            data = jaxloops.to_device(jaxloops.load_digits_split(seed=0).train)
+            init_params = lambda: jaxloops.init_mlp(init_key, sizes.loop.widths)
             loop = sizes.loop
             optimizer = jaxloops.make_optimizer(loop.learning_rate, loop.weight_decay)
             loss, batch_size = jaxloops.mlp_loss, loop.batch_size
@@ -190,7 +190,7 @@ def mesh_state(devices: int, abstract: bool, sizes):
     optimizer = jaxloops.make_optimizer(sizes.loop.learning_rate, sizes.loop.weight_decay)
 
     def init():
-        params = jaxloops.init_mlp(init_key, (64, *sizes.loop.hidden, 10))
+        params = jaxloops.init_mlp(init_key, sizes.loop.widths)
         return params, optimizer.init(params)
 
     mesh = sharding.data_mesh(devices, devices=jax.devices("cpu"))
