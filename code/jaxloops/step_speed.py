@@ -240,10 +240,12 @@ def allocator_findings(faults: float, temp_bytes: int, runs: dict):
     faults: page faults per step measured in this process; temp_bytes: the step's
     temporaries; runs: `allocator_runs`, one result per name of `ALLOCATORS`.
     The claims: about one fault per 4 KiB page of the temporaries (measured/predicted between
-    0.5 and 2); with huge pages at least 10x fewer faults and a step at least 5 % faster;
-    with memory kept fewer faults (usually none; builds read 1,723 of 16,048 once and, in a
-    CI run, 6,444 of 16,001), a step at least 5 % faster, and the gradient
-    fewer forward passes than with glibc's defaults (0.59 to 0.86 times as many in builds).
+    0.5 and 2); with huge pages at least 10x fewer faults (its step time is reported, not
+    claimed: from 0.80 to 0.95 of the default's in builds, too close to the noise); with
+    memory kept fewer faults (usually none; builds read 1,723 of 16,048 once and, in a CI
+    run, 6,444 of 16,001), a step at least 5 % faster (0.65 to 0.74 of the default's), and
+    the gradient fewer forward passes than with glibc's defaults (0.59 to 0.86 times as many
+    in builds).
     """
     small, huge, kept = (runs[name] for name in ALLOCATORS)
     pages = temp_bytes / 4096
@@ -256,27 +258,26 @@ def allocator_findings(faults: float, temp_bytes: int, runs: dict):
         f"10x fewer faults: {small['faults']:,.0f} -> {huge['faults']:,.0f}": (
             huge["faults"] < small["faults"] / 10
         ),
-        f"a step 5 % faster with huge pages: {s:.4f} s -> {h:.4f} s": h < 0.95 * s,
         f"fewer faults kept: {small['faults']:,.0f} -> {kept['faults']:,.0f}": (
             kept["faults"] < small["faults"]
         ),
         f"a step 5 % faster kept: {s:.4f} s -> {k:.4f} s": k < 0.95 * s,
         f"gradient / forward lower kept: {ratio}": ratio["memory kept"] < ratio["4 KiB pages"],
     }
-    per_fault = 1e6 * (s - h) / max(small["faults"] - huge["faults"], 1)
     paragraph = (
         "In the median fresh process of each kind, with 4 KiB pages the step faulted "
         f"{small['faults']:,.0f} times and took {s:.4f} s ({small['of_ceiling']:.0%} of the "
         "ceiling); with huge pages, "
-        f"{huge['faults']:,.0f} faults and {h:.4f} s ({huge['of_ceiling']:.0%}), about "
-        f"{per_fault:.2f} µs per fault saved; with memory kept, {kept['faults']:,.0f} faults "
+        f"{huge['faults']:,.0f} faults and {h:.4f} s ({huge['of_ceiling']:.0%}); with memory "
+        f"kept, {kept['faults']:,.0f} faults "
         f"and {k:.4f} s ({kept['of_ceiling']:.0%}). The allocator took {(s - k) / s:.0%} of the "
         "default step's time. The gradient took "
         f"{ratio['4 KiB pages']:.2f} times the forward pass with glibc's defaults and "
         f"{ratio['memory kept']:.2f} with memory kept. The page asserts a measured/predicted "
-        "fault count between 0.5 and 2; with huge pages, the tenfold drop in faults and a step "
-        "at least 5 % faster; with memory kept, fewer faults, a step at least 5 % "
-        "faster and a gradient of fewer forward passes."
+        "fault count between 0.5 and 2; with huge pages, the tenfold drop in faults, and not "
+        "the step's time, which moved by 5 to 20 % in builds, too little against the spread of "
+        "fresh processes to claim; with memory kept, fewer faults, a step at least 5 % faster "
+        "and a gradient of fewer forward passes."
     )
     return [claim for claim, holds in claims.items() if not holds], paragraph
 
