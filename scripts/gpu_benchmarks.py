@@ -34,8 +34,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from gpu_points import (  # noqa: E402 - the script's own folder, set just above
     ATTENTION_BATCH,
     CEILINGS,
-    MATERIALISING,
-    MIN_SAMPLE_SECONDS,
     REST_REQUESTS,
     attention_point,
     bandwidth_point,
@@ -80,6 +78,7 @@ def make_plan(rehearse: bool, backend: str | None = None) -> Plan:
     """The plan from experiment_sizes(backend); the rehearsal's toy plan runs the same kinds of
     point at toy sizes."""
     import jaxloops
+    from jaxloops.measure import timing as measure_timing
 
     sizes = jaxloops.experiment_sizes(backend)
     attention = sizes.attention
@@ -96,7 +95,7 @@ def make_plan(rehearse: bool, backend: str | None = None) -> Plan:
             head_dim=64,
             block_size=64,
             samples=3,
-            min_sample_seconds=MIN_SAMPLE_SECONDS,
+            min_sample_seconds=measure_timing.MIN_SAMPLE_SECONDS,
             matmul_size=128,
             read_bytes=2**22,
             mlp_hidden=(32, 32),
@@ -118,7 +117,7 @@ def make_plan(rehearse: bool, backend: str | None = None) -> Plan:
         head_dim=attention.head_dim,
         block_size=attention.block_size,
         samples=attention.repeats,
-        min_sample_seconds=MIN_SAMPLE_SECONDS,
+        min_sample_seconds=measure_timing.MIN_SAMPLE_SECONDS,
         matmul_size=sizes.measure.matmul_size,
         read_bytes=4 * 2**30,
         mlp_hidden=sizes.loop.hidden,
@@ -132,6 +131,8 @@ def make_plan(rehearse: bool, backend: str | None = None) -> Plan:
 
 def tasks(plan: Plan, stage: str) -> list[str]:
     """The stage's measurements, most valuable first; each name says what it measures."""
+    from jaxloops.measure.sweeps import MATERIALISING
+
     if stage == "headline":
         names = ["implementations", *(f"ceiling {c[0]}" for c in CEILINGS), "bandwidth"]
         for length in plan.lengths:

@@ -1,15 +1,13 @@
 """The measurements of a GPU run, one function per point: each returns its row of results.json.
 
 `run` is scripts/gpu_benchmarks.py's Run: its plan (sizes), results so far, output folder, and
-`fail` (keeps an error with its message). Timing: `time_per_call` (median of samples, each
-several calls long).
+`fail` (keeps an error with its message). Every point is measured by the chapters' code and
+timing rule (`jaxloops.measure`): attention by `attention_sweep` and `causal_sweep`, with
+samples several calls long (a kernel of microseconds); a ceiling is the best of its samples.
 """
 
-import statistics
-import time
+import functools
 
-MIN_SAMPLE_SECONDS = 1e-3  # one timed sample: several calls, at least this long
-MAX_CALLS_PER_SAMPLE = 4096
 ATTENTION_BATCH = 4  # B of the GPU sweep: enough (B, N) pairs to fill the GPU at short T
 # (name, label, dtype, precision): the ceiling table.
 CEILINGS = (
@@ -25,116 +23,78 @@ REST_REQUESTS = (
     ("blockwise", "bfloat16"),
     ("xla", "float32"),
 )
-MATERIALISING = ("naive", "xla")  # implementations that build the (B, N, T, S) scores
-
-
-# --- timing ----------------------------------------------------------------------------
-
-
-def _run_calls(fn, args, calls: int) -> float:
-    import jax
-
-    start = time.perf_counter()
-    out = None
-    for _ in range(calls):  # queued back to back: the device, not Python, sets the pace
-        out = fn(*args)
-    jax.block_until_ready(out)
-    return time.perf_counter() - start
-
-
-def time_per_call(fn, args, *, samples: int, min_sample_seconds: float) -> dict:
-    """Median seconds per call of a compiled `fn`, each sample several calls long.
-
-    A fast kernel (tens of microseconds) timed one call at a time measures dispatch and
-    synchronisation; here the calls per sample double until a sample lasts at least
-    `min_sample_seconds`, then double once more, so a faster moment later still leaves the
-    samples above that floor.
-    """
-    _run_calls(fn, args, 1)  # warm: compiled already, this loads and runs it once
-    calls = 1
-    # The shorter of two tries decides, so one slow moment cannot end the doubling early.
-    while calls < MAX_CALLS_PER_SAMPLE and (
-        min(_run_calls(fn, args, calls) for _ in range(2)) < min_sample_seconds
-    ):
-        calls *= 2
-    calls = min(2 * calls, MAX_CALLS_PER_SAMPLE)
-    times = [_run_calls(fn, args, calls) for _ in range(samples)]
-    return {
-        "seconds": statistics.median(times) / calls,
-        "calls_per_sample": calls,
-        "shortest_sample_seconds": min(times),
-    }
-
-
-# --- the points ------------------------------------------------------------------------
 
 
 def precision_of(dtype: str) -> str:
     return "highest" if dtype == "float32" else "default"
 
 
-def draw_qkv(plan, length: int, dtype: str):
-    import jax
-
-    from jaxloops.measure import sweeps
-
-    return sweeps.random_qkv(
-        jax.random.key(length), batch=plan.batch, length=length, heads=plan.heads,
-        head_dim=plan.head_dim, dtype=dtype,
+def _sweep_shape(plan) -> dict:
+    """`measure.attention_sweep`'s sizes and timing, from the plan."""
+    return dict(
+        batch=plan.batch, heads=plan.heads, head_dim=plan.head_dim, block_size=plan.block_size,
+        repeats=plan.samples, materialise_max_length=plan.materialise_max_length,
+        min_sample_seconds=plan.min_sample_seconds,
     )  # fmt: skip
 
 
-def costs(fn, qkv, name: str) -> dict:
-    """Scratch bytes and FLOPs of the compiled call (FLOPs only where cost analysis sees them:
-    a loop body (blockwise) and a fused kernel (cuDNN) hide theirs)."""
-    from jaxloops import measure
-
-    found = measure.compiled_costs(fn, *qkv)
-    return {"temp_bytes": found["temp_bytes"],
-            "flops": found["flops"] if name in MATERIALISING else None}  # fmt: skip
-
-
 def attention_point(run, name: str, dtype: str, length: int, is_causal=False) -> dict:
-    """One (implementation, dtype, T = S) point: checked run, compiled costs, timing."""
+    """One (implementation, dtype, T = S) point, as chapter 8 measures one (`attention_sweep`:
+    a checked run, the compiled costs, the timed calls)."""
     import jax
 
     from jaxloops import measure
 
-    plan = run.plan
-    row = {"implementation": name, "dtype": dtype, "precision": precision_of(dtype),
-           "T": int(length), "is_causal": bool(is_causal), "temp_bytes": None, "flops": None,
-           "seconds": None, "calls_per_sample": None, "shortest_sample_seconds": None,
-           "cudnn_kernel": False, "error": ""}  # fmt: skip
-    fn = measure.attention_fn(name, is_causal=is_causal, block_size=plan.block_size)
-    qkv = draw_qkv(plan, length, dtype)
     try:
         with jax.default_matmul_precision(precision_of(dtype)):
-            if name in MATERIALISING and length > plan.materialise_max_length:
-                row.update(costs(fn, qkv, name))
-                gib = row["temp_bytes"] / 2**30
-                row["error"] = f"not run: compiled only, needs {gib:.3g} GiB of scratch"
-                return row
-            # One checked run: compiles, warms up, and keeps a refusal's text.
-            _, record = measure.run_attention(
-                name, *qkv, is_causal=is_causal, block_size=plan.block_size
-            )
-            if not record["works"]:
-                row["error"] = record["error"]
-                return row
-            row["cudnn_kernel"] = record["cudnn_kernel"]
-            row.update(costs(fn, qkv, name))
-            timed = time_per_call(jax.jit(fn), qkv, samples=plan.samples,
-                                  min_sample_seconds=plan.min_sample_seconds)  # fmt: skip
-            row.update(timed)
+            (row,) = measure.attention_sweep(
+                jax.random.key(length), [length], [(name, dtype, is_causal)],
+                **_sweep_shape(run.plan),
+            )  # fmt: skip
     except Exception as error:  # noqa: BLE001 - compile or run: out of memory, XLA, ...
         causal = " causal" if is_causal else ""
-        row["error"] = run.fail(f"attention {name} {dtype} T={length}{causal}", error)
+        error = run.fail(f"attention {name} {dtype} T={length}{causal}", error)
+        row = {"implementation": name, "dtype": dtype, "T": int(length), "seconds": None,
+               "is_causal": bool(is_causal), "error": error}  # fmt: skip
+    if row.get("samples"):
+        row["shortest_sample_seconds"] = min(row["samples"]) * row["calls_per_sample"]
+    return {**row, "precision": precision_of(dtype)}
+
+
+def causal_point(run, name: str, length: int) -> dict:
+    """Full against causal bfloat16 attention at T = S, as chapter 9 measures it
+    (`causal_sweep`: the two calls in turn; the speedup is the median of their ratios)."""
+    import jax
+
+    from jaxloops import measure
+
+    try:
+        with jax.default_matmul_precision("default"):
+            (row,) = measure.causal_sweep(
+                jax.random.key(length), [length], [name], dtype="bfloat16",
+                **_sweep_shape(run.plan),
+            )  # fmt: skip
+    except Exception as error:  # noqa: BLE001
+        error = run.fail(f"causal {name} T={length}", error)
+        row = {"implementation": name, "dtype": "bfloat16", "T": length, "full_seconds": None,
+               "causal_seconds": None, "speedup": None, "error": error}  # fmt: skip
     return row
 
 
-def ceiling_point(run, name: str) -> dict:
-    import functools
+def best_of_samples(fn, args, plan) -> dict:
+    """A ceiling by the book's rule: the best of `plan.samples` samples of `fn(*args)`, each
+    several calls long (`measure.timing.calls_per_sample`), per call."""
+    from jaxloops.measure import interleaved_samples, timing
 
+    call = functools.partial(fn, *args)
+    calls = timing.calls_per_sample(call, plan.min_sample_seconds)
+    samples = interleaved_samples({"ceiling": timing.queued(call, calls)}, plan.samples)
+    shortest = min(samples["ceiling"])
+    return {"seconds": shortest / calls, "calls_per_sample": calls,
+            "shortest_sample_seconds": shortest, "statistic": "best of samples"}  # fmt: skip
+
+
+def ceiling_point(run, name: str) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -148,8 +108,7 @@ def ceiling_point(run, name: str) -> dict:
     rng = np.random.default_rng(0)
     a, b = (jnp.asarray(rng.standard_normal((n, n), np.float32), dtype) for _ in range(2))
     matmul = jax.jit(functools.partial(jnp.matmul, precision=precision))
-    row.update(time_per_call(matmul, (a, b), samples=run.plan.samples,
-                             min_sample_seconds=MIN_SAMPLE_SECONDS))  # fmt: skip
+    row.update(best_of_samples(matmul, (a, b), run.plan))
     row["flops_per_s"] = 2.0 * n**3 / row["seconds"]
     return row
 
@@ -161,24 +120,9 @@ def bandwidth_point(run) -> dict:
     big = jnp.ones((run.plan.read_bytes // 4,), jnp.float32)
     read = jax.jit(lambda x: jnp.sum(x, dtype=jnp.float32))
     row = {"nbytes": run.plan.read_bytes, "error": ""}
-    row.update(time_per_call(read, (big,), samples=run.plan.samples,
-                             min_sample_seconds=MIN_SAMPLE_SECONDS))  # fmt: skip
+    row.update(best_of_samples(read, (big,), run.plan))
     row["bytes_per_s"] = big.nbytes / row["seconds"]
     return row
-
-
-def causal_point(run, name: str, length: int) -> dict:
-    full, causal = (attention_point(run, name, "bfloat16", length, is_causal=c) for c in (0, 1))
-    ran = full["seconds"] and causal["seconds"]
-    return {
-        "implementation": name,
-        "dtype": "bfloat16",
-        "T": length,
-        "full_seconds": full["seconds"],
-        "causal_seconds": causal["seconds"],
-        "speedup": full["seconds"] / causal["seconds"] if ran else None,
-        "error": full["error"] or causal["error"],
-    }
 
 
 def mlp_point(run, batch_size: int) -> dict:

@@ -66,3 +66,24 @@ def test_a_crash_in_one_measurement_loses_only_that_one(tmp_path):
     ]
     assert results["in_flight"] is None and results["facts"]["rehearsal"] is True
     assert jax.default_backend() == results["facts"]["backend"]
+
+
+def test_the_gpu_points_are_measured_by_the_chapters_code_and_rule():
+    import statistics
+    import types
+
+    plan = bench.make_plan(rehearse=True)
+    failures = []
+    run = types.SimpleNamespace(plan=plan, fail=lambda where, e: failures.append(where) or str(e))
+    row = gpu_points.attention_point(run, "naive", "float32", plan.goal_length)
+    assert row["error"] == "" and row["precision"] == "highest" and row["flops"] > 0
+    n = row["calls_per_sample"]  # samples several calls long, reported per call
+    assert n >= 2 and n & (n - 1) == 0 and len(row["samples"]) == plan.samples
+    assert row["seconds"] == statistics.median(row["samples"])
+    assert row["shortest_sample_seconds"] == min(row["samples"]) * n
+    longer = gpu_points.attention_point(run, "naive", "bfloat16", max(plan.lengths))
+    assert longer["seconds"] is None and longer["error"].startswith("not run: needs")
+    causal = gpu_points.causal_point(run, "xla", plan.goal_length)
+    assert causal["error"] == "" and causal["speedup_low"] <= causal["speedup"]
+    assert causal["speedup"] <= causal["speedup_high"]  # the median of paired ratios
+    assert failures == []

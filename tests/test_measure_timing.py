@@ -65,6 +65,37 @@ def test_interleaved_seconds_runs_every_run_each_round_and_keeps_the_median(monk
         measure.interleaved_seconds({"a": make("a")}, rounds=0)
 
 
+def test_a_call_too_short_to_time_alone_is_sampled_several_at_a_time_and_reported_per_call(
+    monkeypatch,
+):
+    from jaxloops.measure import sweeps
+
+    clock = [0.0]  # only the calls advance it: 0.1 ms each
+    monkeypatch.setattr(measure.timing.time, "perf_counter", lambda: clock[0])
+    calls = []
+
+    def call():
+        calls.append(1)
+        clock[0] += 1e-4
+        return len(calls)
+
+    assert measure.timing.queued(call, 3)() == 3  # three calls, the last one's result
+    # Doubling: 8 calls last 0.8 ms, 16 last 1.6 ms >= 1 ms; then once more: 32.
+    assert measure.timing.calls_per_sample(call, 1e-3) == 32
+    assert measure.timing.calls_per_sample(call, 1e-3, max_calls=8) == 8
+    # A sweep's samples of 32 calls are reported per call: 0.1 ms, not 3.2 ms.
+    row = {}
+    sweeps._time_points([(row, call)], 3, min_sample_seconds=1e-3)
+    assert row["calls_per_sample"] == 32 and row["seconds"] == pytest.approx(1e-4)
+    assert row["samples"] == pytest.approx([1e-4] * 3)
+    sweeps._time_points([(row, call)], 2, min_sample_seconds=None)  # one call a sample
+    assert row["calls_per_sample"] == 1 and row["samples"] == pytest.approx([1e-4] * 2)
+    with pytest.raises(ValueError, match="calls >= 1"):
+        measure.timing.queued(call, 0)
+    with pytest.raises(ValueError, match="min_seconds > 0"):
+        measure.timing.calls_per_sample(call, 0.0)
+
+
 def test_interleaved_samples_takes_turns_each_timed_call_after_an_untimed_one():
     log = []
 

@@ -26,7 +26,7 @@ from jaxloops.kvcache import decode_attention
 from jaxloops.measure.compiled import compiled_costs, compiled_fusions
 from jaxloops.measure.kernels import attention_fn, run_attention
 from jaxloops.measure.roofline import samples_beside_ceiling
-from jaxloops.measure.timing import interleaved_samples
+from jaxloops.measure.timing import calls_per_sample, interleaved_samples, queued
 
 MATERIALISING = ("naive", "xla")  # implementations that build the (B, N, T, S) scores
 
@@ -88,21 +88,25 @@ def attention_sweep(
     repeats: int,
     materialise_max_length: int,
     parallel_blocks: int | None = None,
+    min_sample_seconds: float | None = None,
 ) -> list[dict]:
     """Temporary bytes, FLOPs, bytes accessed and latency of each request at each T = S.
 
     Args:
       requests: (implementation, dtype) or (implementation, dtype, is_causal) tuples.
       block_size, parallel_blocks: blockwise's (None: its default tiling for that T).
+      min_sample_seconds: None, a sample is one call; else each sample is as many calls,
+        queued back to back, as make it this long (a GPU kernel of microseconds), and
+        `samples` and `seconds` are per call (`calls_per_sample` says how many).
 
     One compile per point serves all the compiled measurements, and the timed calls of the
     requests alternate (`interleaved_samples`), so that a slow moment of a shared machine
     hits all of them alike, each after an untimed call of its own, so that none pays for
     the one before it; `samples` keeps every timed call in that order, `seconds` is their
-    median. FLOPs and bytes are None for blockwise: XLA's cost analysis counts a loop body
-    once, not once per trip. A request that does not run gets seconds None and the reason
-    in `error`; naive and XLA, which build the (T, S) scores, are compiled but not run
-    beyond `materialise_max_length`.
+    median. FLOPs and bytes are None for blockwise and cuDNN: XLA's cost analysis counts a
+    loop body once, not once per trip, and does not see into a fused kernel. A request that
+    does not run gets seconds None and the reason in `error`; naive and XLA, which build the
+    (T, S) scores, are compiled but not run beyond `materialise_max_length`.
     """
     rows = []
     for length in lengths:
@@ -112,18 +116,7 @@ def attention_sweep(
                 qkv[dtype] = random_qkv(
                     key, batch=batch, length=length, heads=heads, head_dim=head_dim, dtype=dtype
                 )
-            row = {
-                "implementation": name,
-                "dtype": dtype,
-                "T": int(length),
-                "is_causal": bool(causal and causal[0]),
-                "temp_bytes": None,
-                "flops": None,
-                "bytes_accessed": None,
-                "seconds": None,
-                "samples": [],
-                "error": "",
-            }
+            row = _point_row(name, dtype, length, bool(causal and causal[0]))
             rows.append(row)
             fn = attention_fn(name, is_causal=row["is_causal"], block_size=block_size)
             if name == "blockwise" and parallel_blocks is not None:
@@ -131,11 +124,28 @@ def attention_sweep(
             run = _prepare_point(row, fn, qkv[dtype], materialise_max_length, block_size)
             if run is not None:
                 timed.append((row, run))
-        samples = interleaved_samples({str(i): run for i, (_, run) in enumerate(timed)}, repeats)
-        for i, (row, _) in enumerate(timed):
-            row["samples"] = samples[str(i)]
-            row["seconds"] = statistics.median(row["samples"])
+        _time_points(timed, repeats, min_sample_seconds)
     return rows
+
+
+def _point_row(name: str, dtype: str, length: int, is_causal: bool) -> dict:
+    """An `attention_sweep` row before anything is measured."""
+    measured = ("temp_bytes", "flops", "bytes_accessed", "seconds", "calls_per_sample")
+    row = {"implementation": name, "dtype": dtype, "T": int(length), "is_causal": is_causal}
+    return {**row, **dict.fromkeys(measured), "samples": [], "cudnn_kernel": False, "error": ""}
+
+
+def _time_points(timed: list, repeats: int, min_sample_seconds: float | None) -> None:
+    """Times the (row, run) pairs in turn (`interleaved_samples`) and fills each row's
+    samples (per call), median and calls per sample."""
+    calls = [calls_per_sample(run, min_sample_seconds) if min_sample_seconds else 1
+             for _, run in timed]  # fmt: skip
+    runs = {str(i): queued(run, n) for i, ((_, run), n) in enumerate(zip(timed, calls))}
+    samples = interleaved_samples(runs, repeats)
+    for i, ((row, _), n) in enumerate(zip(timed, calls)):
+        row["samples"] = [seconds / n for seconds in samples[str(i)]]
+        row["seconds"] = statistics.median(row["samples"])
+        row["calls_per_sample"] = n
 
 
 def _prepare_point(row: dict, fn, args, materialise_max_length: int, block_size: int | None):
@@ -147,14 +157,14 @@ def _prepare_point(row: dict, fn, args, materialise_max_length: int, block_size:
     name = row["implementation"]
     if name in MATERIALISING and row["T"] > materialise_max_length:
         row.update(compiled_costs(fn, *args))
-        row["error"] = f"not run: needs {row['temp_bytes'] / 2**30:.1f} GiB of scratch"
+        row["error"] = f"not run: needs {row['temp_bytes'] / 2**30:.3g} GiB of scratch"
         return None
     _, record = run_attention(name, *args, is_causal=row["is_causal"], block_size=block_size)
     if not record["works"]:
         row["error"] = record["error"]
         return None
-    row.update(compiled_costs(fn, *args))
-    if name == "blockwise":
+    row.update(compiled_costs(fn, *args), cudnn_kernel=record["cudnn_kernel"])
+    if name not in MATERIALISING:  # a loop body (blockwise) or a fused kernel (cuDNN)
         row["flops"] = row["bytes_accessed"] = None
     return functools.partial(jax.jit(fn), *args)
 

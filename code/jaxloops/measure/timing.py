@@ -2,10 +2,12 @@
 
 The timing rule, for every figure the book publishes:
 - A sample is one call, timed from its dispatch until `block_until_ready` returns, after
-  warm-up calls that absorb compilation. A sample should last at least a millisecond, ten
-  dispatches' worth (chapter 1 measures one): shorter work is put in one call (a scanned
-  epoch of steps, a decode call of several steps), so that a call's fixed cost is small
-  against what it measures.
+  warm-up calls that absorb compilation. A sample should last at least a millisecond
+  (MIN_SAMPLE_SECONDS), ten dispatches' worth (chapter 1 measures one): shorter work is put
+  in one call (a scanned epoch of steps, a decode call of several steps), so that a call's
+  fixed cost is small against what it measures; where it cannot be (a GPU kernel of tens of
+  microseconds), a sample is several calls queued back to back (`queued`,
+  `calls_per_sample`) and is reported per call.
 - Samples of the things compared are interleaved: each round times every run once, in
   turn, so that a busy moment of a shared machine hits all of them (`interleaved_samples`).
 - A measured time is the median of its samples (`time_call`, `interleaved_seconds`).
@@ -28,6 +30,41 @@ import jax
 
 # The event JAX records once per XLA compilation (jax/_src/dispatch.py).
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+MIN_SAMPLE_SECONDS = 1e-3  # the rule's shortest sample
+
+
+def queued(run: Callable[[], Any], calls: int) -> Callable[[], Any]:
+    """`calls` calls of `run` dispatched back to back, returning the last one's result: one
+    sample of work too short to time alone (the device, not Python, sets the pace)."""
+    if calls < 1:
+        raise ValueError(f"need calls >= 1, got {calls}")
+
+    def many():
+        out = None
+        for _ in range(calls):
+            out = run()
+        return out
+
+    return many
+
+
+def _seconds(run: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(run())
+    return time.perf_counter() - start
+
+
+def calls_per_sample(run: Callable[[], Any], min_seconds: float, max_calls: int = 4096) -> int:
+    """How many calls of `run`, `queued`, make a sample of at least `min_seconds`: doubled
+    until the shorter of two tries lasts that long (one slow moment cannot end the doubling
+    early), then once more, so that a faster moment later still leaves samples above it."""
+    if min_seconds <= 0 or max_calls < 1:
+        raise ValueError(f"need min_seconds > 0 and max_calls >= 1, got {min_seconds}, {max_calls}")
+    jax.block_until_ready(run())  # compiled and warm
+    calls = 1
+    while calls < max_calls and min(_seconds(queued(run, calls)) for _ in range(2)) < min_seconds:
+        calls *= 2
+    return min(2 * calls, max_calls)
 
 
 def _warm_up(fn, args, warmup: int, repeats: int) -> None:
@@ -186,9 +223,7 @@ def interleaved_samples(
         for name, run in runs.items():
             for _ in range(warmup_each):
                 jax.block_until_ready(run())
-            start = time.perf_counter()
-            jax.block_until_ready(run())
-            samples[name].append(time.perf_counter() - start)
+            samples[name].append(_seconds(run))
     return samples
 
 
