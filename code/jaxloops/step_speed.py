@@ -241,11 +241,11 @@ def allocator_findings(faults: float, temp_bytes: int, runs: dict):
     temporaries; runs: `allocator_runs`, one result per name of `ALLOCATORS`.
     The claims: about one fault per 4 KiB page of the temporaries (measured/predicted between
     0.5 and 2); with huge pages at least 10x fewer faults (its step time is reported, not
-    claimed: from 0.80 to 0.95 of the default's in builds, too close to the noise); with
-    memory kept fewer faults (usually none; builds read 1,723 of 16,048 once and, in a CI
-    run, 6,444 of 16,001), a step at least 5 % faster (0.65 to 0.74 of the default's), and
-    the gradient fewer forward passes than with glibc's defaults (0.59 to 0.86 times as many
-    in builds).
+    claimed: from 0.80 to 0.95 of the default's in the runs measured, too close to their
+    spread); with memory kept fewer faults (usually none; builds read 1,723 of 16,048 once
+    and, in a CI run, 6,444 of 16,001), a step at least 5 % faster (0.65 to 0.74 of the
+    default's), and the gradient fewer forward passes than with glibc's defaults (0.59 to
+    0.86 times as many in builds).
     """
     small, huge, kept = (runs[name] for name in ALLOCATORS)
     pages = temp_bytes / 4096
@@ -275,9 +275,9 @@ def allocator_findings(faults: float, temp_bytes: int, runs: dict):
         f"{ratio['4 KiB pages']:.2f} times the forward pass with glibc's defaults and "
         f"{ratio['memory kept']:.2f} with memory kept. The page asserts a measured/predicted "
         "fault count between 0.5 and 2; with huge pages, the tenfold drop in faults, and not "
-        "the step's time, which moved by 5 to 20 % in builds, too little against the spread of "
-        "fresh processes to claim; with memory kept, fewer faults, a step at least 5 % faster "
-        "and a gradient of fewer forward passes."
+        "the step's time, which moved by 5 to 20 % in the runs measured, too little against "
+        "the spread of fresh processes to claim; with memory kept, fewer faults, a step at "
+        "least 5 % faster and a gradient of fewer forward passes."
     )
     return [claim for claim, holds in claims.items() if not holds], paragraph
 
