@@ -275,9 +275,9 @@ def allocator_findings(faults: float, temp_bytes: int, runs: dict):
         f"{ratio['4 KiB pages']:.2f} times the forward pass with glibc's defaults and "
         f"{ratio['memory kept']:.2f} with memory kept. The page asserts a measured/predicted "
         "fault count between 0.5 and 2; with huge pages, the tenfold drop in faults, and not "
-        "the step's time, which moved by 5 to 20 % in the runs measured, too little against "
-        "the spread of fresh processes to claim; with memory kept, fewer faults, a step at "
-        "least 5 % faster and a gradient of fewer forward passes."
+        "the step's time, whose change is too small against the spread of fresh processes "
+        "of one kind to claim; with memory kept, fewer faults, a step at least 5 % faster and "
+        "a gradient of fewer forward passes."
     )
     return [claim for claim, holds in claims.items() if not holds], paragraph
 
