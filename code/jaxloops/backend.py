@@ -12,6 +12,17 @@ import jax
 from jaxloops.data import NUM_CLASSES, NUM_FEATURES
 
 
+class _DigitsMLP:
+    """Sizes of the digits MLP (a part with `hidden` widths)."""
+
+    hidden: tuple[int, ...]
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """The MLP's layer widths: the digits' features, the hidden widths, the classes."""
+        return (NUM_FEATURES, *self.hidden, NUM_CLASSES)
+
+
 @dataclasses.dataclass(frozen=True)
 class MeasureSizes:
     """How hard to measure: timing repeats and the roofline's matmul."""
@@ -21,7 +32,7 @@ class MeasureSizes:
 
 
 @dataclasses.dataclass(frozen=True)
-class LoopSizes:
+class LoopSizes(_DigitsMLP):
     """Chapters 2-7: the digits MLP and its training loop."""
 
     hidden: tuple[int, ...]  # hidden widths F of the MLP
@@ -35,11 +46,6 @@ class LoopSizes:
     validation_fraction: float  # chapter 7: share of the digits held out for validation
     validate_every: int  # chapter 7: epochs per compiled call, a validation after each
     patience: int  # chapter 7: validations without a new best before stopping early
-
-    @property
-    def widths(self) -> tuple[int, ...]:
-        """The MLP's layer widths: the digits' features, the hidden widths, the classes."""
-        return (NUM_FEATURES, *self.hidden, NUM_CLASSES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +92,7 @@ class LanguageModelSizes:
 
 
 @dataclasses.dataclass(frozen=True)
-class ShardingSizes:
+class ShardingSizes(_DigitsMLP):
     """Chapter 12: the digits MLP, data parallel and FSDP over a mesh of devices."""
 
     devices: int  # n, the size of the mesh's "data" axis (simulated CPU devices on a CPU)
@@ -101,11 +107,6 @@ class ShardingSizes:
     stack_hidden: int  # its F, divisible by the model axis
     stack_batch: int  # its global B, divisible by n
     grid: tuple[int, int]  # (data, model) of the 2-D mesh, product n
-
-    @property
-    def widths(self) -> tuple[int, ...]:
-        """The MLP's layer widths: the digits' features, the hidden widths, the classes."""
-        return (NUM_FEATURES, *self.hidden, NUM_CLASSES)
 
 
 @dataclasses.dataclass(frozen=True)
