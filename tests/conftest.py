@@ -187,6 +187,16 @@ def key():
     return jax.random.key(7)
 
 
+@pytest.fixture(scope="session")
+def worker_id(request):
+    """xdist's worker name ("gw0", ...), or "master" in a run without workers.
+
+    pytest-xdist defines the same fixture; this one also exists where xdist is absent or
+    off (the TPU machine runs the suite in one process: one process at a time holds the chip).
+    """
+    return getattr(request.config, "workerinput", {}).get("workerid", "master")
+
+
 def once_per_session(tmp_path_factory, worker_id: str, name: str, compute):
     """`compute(directory)` (JSON-able) run once for the whole session: under pytest-xdist
     the first worker to ask computes it and the others read its result, instead of every

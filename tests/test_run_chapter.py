@@ -1,7 +1,10 @@
-"""scripts/run_chapter.py: the GPU run's book stage executes each chapter with it."""
+"""scripts/run_chapter.py: `make chapter` and the device run execute chapters with it, in a
+Jupyter kernel or in-process (scripts/in_process.py, for a machine with no TCP socket)."""
 
 import pathlib
 import sys
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -31,26 +34,31 @@ assert x == 2, "x is not 2"
 """
 
 
+MODES = pytest.mark.parametrize("mode", [[], ["--in-process"]], ids=["kernel", "in-process"])
+
+
+@MODES
 def test_each_cell_reports_its_seconds_and_a_failing_cell_fails_the_chapter(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch, capsys, mode
 ):
     (tmp_path / "book").mkdir()
     source = tmp_path / "book" / "99_a_chapter.md"
     source.write_text(CHAPTER)
     monkeypatch.setattr(run_chapter, "ROOT", tmp_path)
-    assert run_chapter.main(["99", "--out", str(tmp_path / "out")]) == 1
+    assert run_chapter.main(["99", "--out", str(tmp_path / "out"), *mode]) == 1
     out, err = capsys.readouterr()
     assert [line.split(":")[0] for line in out.splitlines() if line.startswith("cell")] == [
         "cell 1"  # the first code cell ended; the second failed
     ]
     assert "x is not 2" in err
     source.write_text(CHAPTER.replace("x == 2", "x == 1"))
-    assert run_chapter.main(["99", "--out", str(tmp_path / "out")]) == 0
+    assert run_chapter.main(["99", "--out", str(tmp_path / "out"), *mode]) == 0
     assert (tmp_path / "out" / "99_a_chapter.ipynb").exists()
 
 
+@MODES
 def test_keep_going_runs_past_a_failing_cell_and_reports_each_failure(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch, capsys, mode
 ):
     (tmp_path / "book").mkdir()
     more = (
@@ -60,7 +68,7 @@ def test_keep_going_runs_past_a_failing_cell_and_reports_each_failure(
     two_failures = CHAPTER + "\n" + more
     (tmp_path / "book" / "99_a_chapter.md").write_text(two_failures)
     monkeypatch.setattr(run_chapter, "ROOT", tmp_path)
-    assert run_chapter.main(["99", "--out", str(tmp_path / "out"), "--keep-going"]) == 1
+    assert run_chapter.main(["99", "--out", str(tmp_path / "out"), "--keep-going", *mode]) == 1
     out, err = capsys.readouterr()
     assert [line.split(":")[0] for line in out.splitlines() if line.startswith("cell")] == [
         "cell 1", "cell 2", "cell 3", "cell 4"
@@ -68,3 +76,36 @@ def test_keep_going_runs_past_a_failing_cell_and_reports_each_failure(
     failed = [line for line in err.splitlines() if line.startswith("FAILED cell")]
     assert failed == ["FAILED cell 2: AssertionError: x is not 2",
                       "FAILED cell 4: AssertionError: y is not 4"]  # fmt: skip
+
+
+SHOWS = CHAPTER.replace('assert x == 2, "x is not 2"', "x = 2").replace(
+    "x = 1",
+    "from myst_nb import glue\nimport matplotlib.pyplot as plt\n"
+    'x = 1\nprint("printed")\nglue("answer", 42)\nplt.plot([1, 2])\nx + 1',
+)
+
+
+def test_in_process_records_what_a_kernel_records(tmp_path, monkeypatch):
+    """Printed text, a glued value with its metadata, a figure and a cell's last value come
+    out of the in-process run as out of nbclient's kernel: same outputs, same order."""
+    (tmp_path / "book").mkdir()
+    (tmp_path / "book" / "99_a_chapter.md").write_text(SHOWS)
+    monkeypatch.setattr(run_chapter, "ROOT", tmp_path)
+    monkeypatch.delenv("MPLBACKEND", raising=False)  # as `make chapter`: figures inline
+    shapes = {}
+    for mode in ([], ["--in-process"]):
+        out = tmp_path / ("in-process" if mode else "kernel")
+        assert run_chapter.main(["99", "--out", str(out), *mode]) == 0
+        notebook = run_chapter.nbformat.read(out / "99_a_chapter.ipynb", as_version=4)
+        shapes[bool(mode)] = [
+            [(o.output_type, sorted(o.get("data", {})), o.get("metadata", {}).get("scrapbook"))
+             for o in cell.outputs]
+            for cell in notebook.cells if cell.cell_type == "code"
+        ]  # fmt: skip
+    assert shapes[True] == shapes[False]
+    assert shapes[True][0] == [
+        ("stream", [], None),
+        ("display_data", ["text/plain"], {"name": "answer", "mime_prefix": ""}),
+        ("execute_result", ["text/plain"], None),
+        ("display_data", ["image/png", "text/plain"], None),
+    ]

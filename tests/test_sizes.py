@@ -57,7 +57,7 @@ def test_unknown_backend_is_named():
 
 
 def test_a_cpu_gpu_pair_splits_and_any_other_value_is_shared():
-    from jaxloops.backend import CpuGpu, MeasureSizes, _cpu_and_gpu
+    from jaxloops.sizes import CpuGpu, MeasureSizes, _cpu_and_gpu
 
     cpu, gpu = _cpu_and_gpu(MeasureSizes, repeats=CpuGpu(5, 20), matmul_size=512)
     assert (cpu.repeats, gpu.repeats) == (5, 20)

@@ -1,0 +1,260 @@
+"""The book's run on whatever accelerator JAX finds (a TPU now, a GPU when one is lent).
+
+On the device machine, in the repository's root, with .whl-device/ carried (the wheels that
+its own package index lacks: `python3 scripts/device_run.py wheels` where there is network):
+
+    python3 scripts/device_run.py run "$OUT" [--stages setup,tests,chapters] [--budget 540]
+
+Stages, each recorded in $OUT/run.json as it ends:
+  setup     installs what the machine lacks, offline: from its own index (PIP_INDEX, when the
+            folder exists) and the carried wheels, into SITE (kept on a warm machine)
+  tests     the whole suite in ONE process (one process at a time can hold a TPU), with a
+            JUnit report; the summary lists every skip with its reason
+  chapters  each chapter executed strictly in one process that holds the device (cells run
+            in-process, scripts/in_process.py: the machine allows no TCP, so no Jupyter
+            kernel), those without a current record first; each chapter's notebook, seconds,
+            failing cells and manifest (book/_ext/device_records.py) recorded as it ends, so a
+            run stopped by its budget resumes in the next command
+$OUT then holds run.json, notebooks.tar.gz (the executed chapters), junit.xml, tests.log and
+chapters.log: five files (the device tool returns eight). `record` copies a run into
+results/<device>/, merging it with what is recorded: that is what the book renders.
+
+    python3 scripts/device_run.py record "$FILES_AT"
+"""
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import xml.etree.ElementTree as ET
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "book" / "_ext"))
+import device_records  # noqa: E402 - book/_ext is put on the path just above
+
+SITE = pathlib.Path(os.environ.get("SITE", "/tmp/jaxloops-site"))
+WHEELS = ROOT / ".whl-device"
+PIP_INDEX = pathlib.Path(os.environ.get("PIP_INDEX", "/opt/pypi/simple"))
+# What the book and its tests import beyond JAX, numpy and pytest: from the machine's index.
+FROM_INDEX = ["optax==0.2.8", "flax==0.12.8", "orbax-checkpoint", "scikit-learn", "matplotlib",
+              "nbformat", "ipython", "nbclient", "ipykernel", "markdown-it-py",
+              "mdit-py-plugins", "pyyaml"]  # fmt: skip
+# What that index lacks (read there on 2026-12-06), carried as wheels with no dependencies:
+# orbax-checkpoint 0.12.8 (the index has 0.12.4) replaces the index's after it.
+CARRIED = ["grain==0.2.18", "array-record==0.8.6", "portpicker==1.6.0", "jupytext==1.19.6",
+           "myst-nb==1.4.0", "orbax-checkpoint==0.12.8"]  # fmt: skip
+
+
+def environment() -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", JAXLOOPS_STRICT="1")
+    path = [p for p in env.get("PYTHONPATH", "").split(":") if p]
+    env["PYTHONPATH"] = ":".join([str(ROOT / "code"), *path, str(SITE)])  # the machine's JAX first
+    env.pop("MPLBACKEND", None)  # figures reach the notebooks
+    return env
+
+
+def setup(out: pathlib.Path) -> dict:
+    done = SITE / ".installed"
+    if done.is_file():
+        return {"status": "ok", "detail": "already installed on this machine"}
+    pip = [sys.executable, "-m", "pip", "install", "--isolated", "-q", "--target", str(SITE)]
+    env = dict(os.environ, PIP_CONFIG_FILE="/dev/null")
+    if PIP_INDEX.is_dir():
+        subprocess.run([*pip, "--only-binary=:all:", "--index-url", PIP_INDEX.as_uri(),
+                        *FROM_INDEX], check=True, env=env)  # fmt: skip
+    wheels = sorted(map(str, WHEELS.glob("*.whl")))
+    if wheels:
+        subprocess.run([*pip, "--no-index", "--no-deps", "--upgrade", *wheels], check=True, env=env)
+    done.write_text("ok")
+    return {"status": "ok", "detail": f"{len(wheels)} carried wheels"}
+
+
+# Imports what the run needs and says what JAX found, in a process of its own: this driver
+# never imports JAX, so it never holds the device while the tests or the chapters need it.
+PROBE = """import json, jax, optax, flax, orbax.checkpoint, grain, jupytext, myst_nb, IPython, sklearn
+d = jax.devices()[0]
+print(json.dumps({"device": d.device_kind, "backend": jax.default_backend(), "jax": jax.__version__}))"""
+
+
+def describe() -> dict:
+    probe = subprocess.run([sys.executable, "-c", PROBE], env=environment(), capture_output=True,
+                           text=True)  # fmt: skip
+    if probe.returncode != 0:
+        raise RuntimeError(f"the environment does not import: {probe.stderr[-800:]}")
+    return {**json.loads(probe.stdout.splitlines()[-1]), "date": datetime.date.today().isoformat()}
+
+
+def test_summary(junit: pathlib.Path) -> dict:
+    """Counts, and each failure, error and skip with its reason, from a JUnit report."""
+    suite = ET.parse(junit).getroot()
+    suite = suite if suite.tag == "testsuite" else suite[0]
+    summary = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    summary["seconds"] = float(suite.get("time", 0))
+    for kind in ("failure", "error", "skipped"):
+        summary[f"{kind} list"] = sorted(
+            f"{case.get('classname')}::{case.get('name')}: "
+            + (case.find(kind).get("message") or "")[:300]
+            for case in suite.iter("testcase")
+            if case.find(kind) is not None
+        )
+    return summary
+
+
+def tests(out: pathlib.Path, seconds: float) -> dict:
+    junit = out / "junit.xml"
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs",
+               f"--junitxml={junit}", "--durations=20"]  # fmt: skip
+    with open(out / "tests.log", "w") as log:
+        try:
+            code = subprocess.run(command, env=environment(), stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=seconds, cwd=ROOT).returncode  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return {"status": "timed out", "detail": f"after {seconds:.0f} s"}
+    summary = test_summary(junit) if junit.is_file() else {}
+    return {"status": "ok" if code == 0 else f"exit {code}", **summary}
+
+
+def number(path: pathlib.Path) -> str:
+    """A chapter's number as its file name gives it: "05", "08b"."""
+    return path.stem.split("_")[0]
+
+
+def chapters_to_run(recorded: dict, only: list[str]) -> list[pathlib.Path]:
+    """Chapters without a current, passing record first; then the rest, oldest first."""
+    chapters = [p for p in sorted((ROOT / "book").glob("[0-9][0-9]*_*.md"))
+                if not only or number(p) in only]  # fmt: skip
+
+    def fresh(p):
+        entry = recorded.get(number(p), {})
+        return entry.get("status") == "ok" and not device_records.changed(entry["manifest"])
+    return [p for p in chapters if not fresh(p)]
+
+
+def chapters(out: pathlib.Path, seconds: float, recorded: dict, only: list[str]) -> dict:
+    todo = chapters_to_run(recorded, only)
+    progress = out / "chapters.jsonl"
+    command = [sys.executable, __file__, "execute", str(out), *[str(p) for p in todo]]
+    with open(out / "chapters.log", "a") as log:
+        try:
+            subprocess.run(command, env=environment(), stdout=log, stderr=subprocess.STDOUT,
+                           timeout=seconds, cwd=ROOT)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            pass
+    done = [json.loads(line) for line in progress.read_text().splitlines()] if progress.exists() else []
+    ran = {d["chapter"] for d in done}
+    for path in todo:  # the one in flight when the process ended: killed or crashed
+        if number(path) not in ran:
+            done.append({"chapter": number(path), "stem": path.stem, "status": "stopped",
+                         "failures": [{"index": None, "error": "the process ended (budget or crash)"}],
+                         "seconds": 0, "manifest": device_records.manifest(path)})  # fmt: skip
+            break
+    return {"status": "ok", "detail": f"{len(done)} of {len(todo)} chapters", "chapters": done}
+
+
+def execute(out: pathlib.Path, paths: list[str]) -> None:
+    """In one process: each chapter in turn, in-process, written as soon as it ends."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import run_chapter
+    from in_process import execute as run_cells
+
+    import nbformat
+
+    (out / "notebooks").mkdir(exist_ok=True)
+    for path in map(pathlib.Path, paths):
+        print(f"== {path.name}", flush=True)
+        began, notebook = time.perf_counter(), run_chapter.read_chapter(path)
+        report = lambda i, s: print(f"cell {i}: {s:.1f} s", file=sys.__stdout__, flush=True)
+        failures = run_cells(notebook, path.parent, keep_going=True, on_cell=report)
+        seconds = time.perf_counter() - began
+        nbformat.write(notebook, out / "notebooks" / f"{path.stem}.ipynb")
+        entry = {"chapter": number(path), "stem": path.stem, "seconds": round(seconds, 1),
+                 "status": "failed" if failures else "ok",
+                 "failures": [{"index": f.index, "error": f"{f.ename}: {f.evalue}"[:500]}
+                              for f in failures],
+                 "date": datetime.date.today().isoformat(),
+                 "manifest": device_records.manifest(path)}  # fmt: skip
+        with open(out / "chapters.jsonl", "a") as progress:
+            progress.write(json.dumps(entry) + "\n")
+
+
+def run(out: pathlib.Path, stages: list[str], budget: float, only: list[str]) -> int:
+    start, record = time.perf_counter(), {"stages": {}}
+    out.mkdir(parents=True, exist_ok=True)
+    left = lambda: budget - (time.perf_counter() - start)
+    for stage in stages:
+        began = time.perf_counter()
+        try:
+            if stage != "setup" and "backend" not in record:
+                record.update(describe())
+            if stage == "setup":
+                result = setup(out)
+            elif stage == "tests":
+                result = tests(out, left() - 5)
+            else:
+                recorded = device_records.load_run(record.get("backend", "tpu"))
+                result = chapters(out, left() - 5, recorded.get("chapters", {}), only)
+        except Exception as error:  # recorded, and the next stage still runs
+            result = {"status": "error", "detail": repr(error)[:800]}
+        record["stages"][stage] = {**result, "seconds": round(time.perf_counter() - began, 1)}
+        (out / "run.json").write_text(json.dumps(record, indent=1))
+    if (out / "notebooks").is_dir():
+        with tarfile.open(out / "notebooks.tar.gz", "w:gz") as tar:
+            tar.add(out / "notebooks", arcname="notebooks")
+        shutil.rmtree(out / "notebooks")
+    return 0 if all(r["status"] == "ok" for r in record["stages"].values()) else 1
+
+
+def record_run(files_at: pathlib.Path) -> None:
+    """Merges a device run's files into results/<backend>/: the chapters it ran replace their
+    records (notebook and entry); the rest stay."""
+    new = json.loads((files_at / "run.json").read_text())
+    target = ROOT / "results" / new["backend"]
+    target.mkdir(parents=True, exist_ok=True)
+    merged = device_records.load_run(new["backend"]) or {"chapters": {}}
+    merged.update({k: new[k] for k in ("device", "backend", "jax")})
+    if (files_at / "notebooks.tar.gz").is_file():
+        with tarfile.open(files_at / "notebooks.tar.gz") as tar:
+            for member in tar.getmembers():
+                if member.isfile() and member.name.endswith(".ipynb"):
+                    name = pathlib.Path(member.name).name
+                    (target / name).write_bytes(tar.extractfile(member).read())
+    for entry in new["stages"].get("chapters", {}).get("chapters", []):
+        merged["chapters"][entry["chapter"]] = entry
+    if "tests" in new["stages"] and "tests" in new["stages"]["tests"]:
+        merged["tests"] = {**new["stages"]["tests"], "date": new["date"]}
+    (target / "run.json").write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    sub = parser.add_subparsers(dest="verb", required=True)
+    go = sub.add_parser("run")
+    go.add_argument("out", type=pathlib.Path)
+    go.add_argument("--stages", default="setup,tests,chapters")
+    go.add_argument("--budget", type=float, default=540, help="seconds for the whole run")
+    go.add_argument("--chapters", default="", help="e.g. 01,02 (default: every chapter)")
+    ex = sub.add_parser("execute")
+    ex.add_argument("out", type=pathlib.Path)
+    ex.add_argument("paths", nargs="*")
+    rec = sub.add_parser("record")
+    rec.add_argument("files_at", type=pathlib.Path)
+    args = parser.parse_args(argv)
+    if args.verb == "execute":
+        execute(args.out, args.paths)
+        return 0
+    if args.verb == "record":
+        record_run(args.files_at)
+        return 0
+    only = [c if len(c) > 1 else c.zfill(2) for c in args.chapters.split(",") if c]
+    return run(args.out, args.stages.split(","), args.budget, only)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
