@@ -1,7 +1,8 @@
 """The book's run on whatever accelerator JAX finds (a TPU now, a GPU when one is lent).
 
 On the device machine, in the repository's root, with .whl-device/ carried (the wheels that
-its own package index lacks: `python3 scripts/device_run.py wheels` where there is network):
+its own package index lacks: `python3 scripts/device_run.py wheels` where there is network,
+then the device tool's carry: [".whl-device"]):
 
     python3 scripts/device_run.py run "$OUT" [--stages setup,tests,chapters] [--budget 540]
 
@@ -27,6 +28,7 @@ import datetime
 import json
 import os
 import pathlib
+import shlex
 import shutil
 import subprocess
 import sys
@@ -47,6 +49,9 @@ FROM_INDEX = ["optax==0.2.8", "flax==0.12.8", "orbax-checkpoint", "scikit-learn"
               "mdit-py-plugins", "pyyaml"]  # fmt: skip
 # What that index lacks (read there on 2026-12-06), carried as wheels with no dependencies:
 # orbax-checkpoint 0.12.8 (the index has 0.12.4) replaces the index's after it.
+# Issue 41: each chapter should take <= 90 s on the chip; one that runs on is stopped at 150 s
+# (the rest of its cells recorded as not run) so that one chapter cannot spend a whole run.
+CHAPTER_LIMIT = 150
 CARRIED = ["grain==0.2.18", "array-record==0.8.6", "portpicker==1.6.0", "jupytext==1.19.6",
            "myst-nb==1.4.0", "orbax-checkpoint==0.12.8"]  # fmt: skip
 
@@ -65,9 +70,10 @@ def setup(out: pathlib.Path) -> dict:
         return {"status": "ok", "detail": "already installed on this machine"}
     pip = [sys.executable, "-m", "pip", "install", "--isolated", "-q", "--target", str(SITE)]
     env = dict(os.environ, PIP_CONFIG_FILE="/dev/null")
-    if PIP_INDEX.is_dir():
-        subprocess.run([*pip, "--only-binary=:all:", "--index-url", PIP_INDEX.as_uri(),
-                        *FROM_INDEX], check=True, env=env)  # fmt: skip
+    if PIP_INDEX.is_dir():  # an index's tree, or a flat folder of wheels (the rehearsal's)
+        flat = ["--no-index", "--find-links", str(PIP_INDEX)]
+        index = flat if any(PIP_INDEX.glob("*.whl")) else ["--index-url", PIP_INDEX.as_uri()]
+        subprocess.run([*pip, "--only-binary=:all:", *index, *FROM_INDEX], check=True, env=env)
     wheels = sorted(map(str, WHEELS.glob("*.whl")))
     if wheels:
         subprocess.run([*pip, "--no-index", "--no-deps", "--upgrade", *wheels], check=True, env=env)
@@ -106,10 +112,10 @@ def test_summary(junit: pathlib.Path) -> dict:
     return summary
 
 
-def tests(out: pathlib.Path, seconds: float) -> dict:
+def tests(out: pathlib.Path, seconds: float, pytest_args: list[str]) -> dict:
     junit = out / "junit.xml"
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs",
-               f"--junitxml={junit}", "--durations=20"]  # fmt: skip
+               f"--junitxml={junit}", "--durations=20", *pytest_args]  # fmt: skip
     with open(out / "tests.log", "w") as log:
         try:
             code = subprocess.run(command, env=environment(), stdout=log, stderr=subprocess.STDOUT,
@@ -127,8 +133,9 @@ def number(path: pathlib.Path) -> str:
 
 def chapters_to_run(recorded: dict, only: list[str]) -> list[pathlib.Path]:
     """Chapters without a current, passing record first; then the rest, oldest first."""
-    chapters = [p for p in sorted((ROOT / "book").glob("[0-9][0-9]*_*.md"))
-                if not only or number(p) in only]  # fmt: skip
+    chapters = sorted((ROOT / "book").glob("[0-9][0-9]*_*.md"))
+    if only:  # in the order given
+        chapters = [p for n in only for p in chapters if number(p) == n]
 
     def fresh(p):
         entry = recorded.get(number(p), {})
@@ -152,12 +159,13 @@ def chapters(out: pathlib.Path, seconds: float, recorded: dict, only: list[str])
         if number(path) not in ran:
             done.append({"chapter": number(path), "stem": path.stem, "status": "stopped",
                          "failures": [{"index": None, "error": "the process ended (budget or crash)"}],
-                         "seconds": 0, "manifest": device_records.manifest(path)})  # fmt: skip
+                         "seconds": None, "date": datetime.date.today().isoformat(),
+                         "manifest": device_records.manifest(path)})  # fmt: skip
             break
     return {"status": "ok", "detail": f"{len(done)} of {len(todo)} chapters", "chapters": done}
 
 
-def execute(out: pathlib.Path, paths: list[str]) -> None:
+def execute(out: pathlib.Path, paths: list[str], limit: float) -> None:
     """In one process: each chapter in turn, in-process, written as soon as it ends."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import run_chapter
@@ -170,7 +178,7 @@ def execute(out: pathlib.Path, paths: list[str]) -> None:
         print(f"== {path.name}", flush=True)
         began, notebook = time.perf_counter(), run_chapter.read_chapter(path)
         report = lambda i, s: print(f"cell {i}: {s:.1f} s", file=sys.__stdout__, flush=True)
-        failures = run_cells(notebook, path.parent, keep_going=True, on_cell=report)
+        failures = run_cells(notebook, path.parent, keep_going=True, on_cell=report, limit=limit)
         seconds = time.perf_counter() - began
         nbformat.write(notebook, out / "notebooks" / f"{path.stem}.ipynb")
         entry = {"chapter": number(path), "stem": path.stem, "seconds": round(seconds, 1),
@@ -183,7 +191,8 @@ def execute(out: pathlib.Path, paths: list[str]) -> None:
             progress.write(json.dumps(entry) + "\n")
 
 
-def run(out: pathlib.Path, stages: list[str], budget: float, only: list[str]) -> int:
+def run(out: pathlib.Path, stages: list[str], budget: float, only: list[str],
+        pytest_args: list[str] = ()) -> int:  # fmt: skip
     start, record = time.perf_counter(), {"stages": {}}
     out.mkdir(parents=True, exist_ok=True)
     left = lambda: budget - (time.perf_counter() - start)
@@ -195,7 +204,7 @@ def run(out: pathlib.Path, stages: list[str], budget: float, only: list[str]) ->
             if stage == "setup":
                 result = setup(out)
             elif stage == "tests":
-                result = tests(out, left() - 5)
+                result = tests(out, left() - 5, list(pytest_args))
             else:
                 recorded = device_records.load_run(record.get("backend", "tpu"))
                 result = chapters(out, left() - 5, recorded.get("chapters", {}), only)
@@ -231,6 +240,15 @@ def record_run(files_at: pathlib.Path) -> None:
     (target / "run.json").write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
 
 
+def download_wheels() -> None:
+    """CARRIED into .whl-device/ (needs the network): wheels for the device's Python 3.11."""
+    shutil.rmtree(WHEELS, ignore_errors=True)
+    platforms = [a for n in ("2_28", "2_27", "2_24", "2_17") for a in ("--platform", f"manylinux_{n}_x86_64")]
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    "--python-version", "3.11", "--implementation", "cp", *platforms,
+                    "-d", str(WHEELS), *CARRIED], check=True)  # fmt: skip
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -240,20 +258,26 @@ def main(argv=None) -> int:
     go.add_argument("--stages", default="setup,tests,chapters")
     go.add_argument("--budget", type=float, default=540, help="seconds for the whole run")
     go.add_argument("--chapters", default="", help="e.g. 01,02 (default: every chapter)")
+    go.add_argument("--pytest-args", default="", help='e.g. "tests/test_x.py -x" (default: all)')
     ex = sub.add_parser("execute")
     ex.add_argument("out", type=pathlib.Path)
     ex.add_argument("paths", nargs="*")
+    ex.add_argument("--limit", type=float, default=CHAPTER_LIMIT)
+    sub.add_parser("wheels")
     rec = sub.add_parser("record")
     rec.add_argument("files_at", type=pathlib.Path)
     args = parser.parse_args(argv)
     if args.verb == "execute":
-        execute(args.out, args.paths)
+        execute(args.out, args.paths, args.limit)
+        return 0
+    if args.verb == "wheels":
+        download_wheels()
         return 0
     if args.verb == "record":
         record_run(args.files_at)
         return 0
     only = [c if len(c) > 1 else c.zfill(2) for c in args.chapters.split(",") if c]
-    return run(args.out, args.stages.split(","), args.budget, only)
+    return run(args.out, args.stages.split(","), args.budget, only, shlex.split(args.pytest_args))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import base64
 import contextlib
 import io
 import os
+import signal
 import sys
 import time
 
@@ -128,7 +129,15 @@ class CellError(Exception):
         self.index, self.ename, self.evalue = index, ename, evalue
 
 
-def execute(notebook, cwd, keep_going=False, on_cell=None):
+class _OverTime(Exception):
+    pass
+
+
+def _over_time(signum, frame):
+    raise _OverTime("the chapter ran past its time limit")
+
+
+def execute(notebook, cwd, keep_going=False, on_cell=None, limit=None):
     """Runs `notebook`'s code cells in order, in this process, filling in their outputs.
 
     Args:
@@ -136,6 +145,9 @@ def execute(notebook, cwd, keep_going=False, on_cell=None):
       cwd: the directory the cells run in (a chapter's folder, as the book build does).
       keep_going: run the cells after a failing one too.
       on_cell: called as `on_cell(index, seconds)` after each code cell.
+      limit: seconds for the whole notebook, or None. Past it the running cell is interrupted
+        (at its next Python instruction: not inside one compiled call) and fails, and no
+        later cell runs.
     Returns:
       The list of `CellError`s (empty when every cell ran); without `keep_going`, at most one.
     """
@@ -149,6 +161,9 @@ def execute(notebook, cwd, keep_going=False, on_cell=None):
     failures, previous = [], os.getcwd()
     os.chdir(cwd)
     streams = _Stream("stdout", sys.stdout), _Stream("stderr", sys.stderr)
+    if limit is not None:
+        signal.signal(signal.SIGALRM, _over_time)
+        signal.setitimer(signal.ITIMER_REAL, limit)
     try:
         for index, cell in enumerate(notebook.cells):
             if cell.cell_type != "code":
@@ -164,9 +179,11 @@ def execute(notebook, cwd, keep_going=False, on_cell=None):
                 on_cell(index, time.perf_counter() - began)
             if error is not None:
                 failures.append(CellError(index, type(error).__name__, str(error)))
-                if not keep_going:
+                if not keep_going or isinstance(error, _OverTime):
                     break
     finally:
+        if limit is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
         OUTPUTS.cell = None
         os.chdir(previous)
         _Shell.clear_instance()  # clears InteractiveShell's singleton too

@@ -56,11 +56,28 @@ def test_unknown_backend_is_named():
         jaxloops.experiment_sizes("quantum")
 
 
-def test_a_cpu_gpu_pair_splits_and_any_other_value_is_shared():
-    from jaxloops.sizes import CpuGpu, MeasureSizes, _cpu_and_gpu
+def test_a_per_backend_value_splits_and_any_other_value_is_shared():
+    from jaxloops.sizes import By, MeasureSizes, _per_backend
 
-    cpu, gpu = _cpu_and_gpu(MeasureSizes, repeats=CpuGpu(5, 20), matmul_size=512)
-    assert (cpu.repeats, gpu.repeats) == (5, 20)
-    assert cpu.matmul_size == gpu.matmul_size == 512
+    cpu, gpu, tpu = _per_backend(MeasureSizes, repeats=By(5, 20, 9), matmul_size=512)
+    assert (cpu.repeats, gpu.repeats, tpu.repeats) == (5, 20, 9)
+    assert cpu.matmul_size == gpu.matmul_size == tpu.matmul_size == 512
+    _, gpu, tpu = _per_backend(MeasureSizes, repeats=By(5, 20), matmul_size=512)
+    assert tpu.repeats == gpu.repeats == 20  # no TPU value: the GPU's
     with pytest.raises(TypeError, match="unknown"):  # a misspelt size is not silently dropped
-        _cpu_and_gpu(MeasureSizes, repeats=1, matmul_size=2, unknown=3)
+        _per_backend(MeasureSizes, repeats=1, matmul_size=2, unknown=3)
+
+
+def test_the_tpu_column_fits_the_chip():
+    """The TPU's biggest experiments stay inside the v5e's 15.75 GiB: the attention sweep's
+    float32 q, k, v and output at its longest T, and naive's scores only where it runs."""
+    tpu = jaxloops.experiment_sizes("tpu")
+    a, hbm = tpu.attention, 15.75 * 2**30
+    assert max(a.lengths) >= 16384
+    qkvo = 4 * 4 * a.heads * max(a.lengths) * a.head_dim * 4  # B = 4 at most
+    scores = 4 * a.heads * a.materialise_max_length**2 * 4  # (B, N, T, S) float32, B = 4
+    assert qkvo < hbm / 8 and scores < hbm / 2
+    assert 4 * a.heads * (2 * a.materialise_max_length) ** 2 * 4 > hbm / 2  # doubled: it would not
+    L, D, N, K, F, T, B = tpu.lm.speed
+    params = L * (2 * D * D + 2 * D * D * K // N + 2 * D * F)  # q, o; k, v; the MLP
+    assert 70e6 < params < 130e6  # about 100 M parameters (embeddings aside)

@@ -3,12 +3,13 @@ dropdown that shows a record on its chapter's page.
 
 A record is an executed notebook (results/tpu/NN_slug.ipynb) written by scripts/device_run.py
 on the accelerator, and an entry of results/tpu/run.json: the device, JAX version, date, and a
-manifest of SHA-256 hashes of the chapter's source and of every package file the chapter
+manifest of SHA-256 hashes of the chapter's code cells and of every package file the chapter
 imports (`manifest`). A build compares that manifest with today's files: a record whose
 hashes no longer match is marked stale on its page, with the files that changed. Nothing here
 edits a record's outputs; it only shows them.
 
-In a chapter: ```{device-record}``` (no argument: the page's own chapter).
+In a chapter: ```{device-record}``` (no argument: the page's own chapter). On the page of the
+device runs: ```{device-run}```, a table of every chapter's record and the test suite's run.
 """
 
 import ast
@@ -63,28 +64,30 @@ def package_files(code: str) -> list[pathlib.Path]:
     return sorted(set(seen.values()))
 
 
-def _sha256(path: pathlib.Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def chapter_code(chapter: pathlib.Path) -> str:
-    """The Python of a MyST chapter's code cells."""
+def code_cells(chapter: pathlib.Path) -> str:
+    """The source of a MyST chapter's code cells, in order: what executing it runs (its prose
+    and cell options do not change what a run computes)."""
     text, cells, inside = chapter.read_text(), [], False
     for line in text.splitlines():
         if line.startswith("```{code-cell}"):
             inside = True
         elif inside and line.startswith("```"):
             inside = False
-        elif inside and not line.startswith(":"):
-            cells.append(line.lstrip("%!") if line.startswith(("%", "!")) else line)
-    return "\n".join(line for line in cells if not line.startswith(("%", "!")))
+        elif inside and not line.startswith(":"):  # `:tags:` and other cell options
+            cells.append(line)
+    return "\n".join(cells)
 
 
 def manifest(chapter: pathlib.Path) -> dict[str, str]:
-    """{path relative to the repository: SHA-256} of a chapter and the package files it
-    imports."""
-    files = [chapter, *package_files(chapter_code(chapter))]
-    return {str(p.relative_to(ROOT)): _sha256(p) for p in files}
+    """{path relative to the repository: SHA-256} of a chapter's code cells and of the package
+    files it imports. A prose edit leaves a record current; an edit to the code it ran does
+    not."""
+    chapter, code = chapter.resolve(), code_cells(chapter)
+    python = "\n".join(line for line in code.splitlines() if not line.startswith(("%", "!")))
+    entries = {str(chapter.relative_to(ROOT)): hashlib.sha256(code.encode()).hexdigest()}
+    for path in package_files(python):
+        entries[str(path.relative_to(ROOT))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return entries
 
 
 def changed(recorded: dict[str, str]) -> list[str]:
@@ -98,7 +101,7 @@ def changed(recorded: dict[str, str]) -> list[str]:
 
 
 def load_run(device: str) -> dict:
-    path = (RESULTS / device) / "run.json"
+    path = RESULTS / device / "run.json"
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
@@ -113,8 +116,9 @@ def _record_nodes(directive, device, chapter_stem):
     para = lambda text: nodes.paragraph(text=text)
     if not entry:
         return [para(f"No {device.upper()} run of this chapter is recorded yet.")]
-    head = (f"Executed on {run['device']} with JAX {run['jax']} on {entry.get('date', '?')}, "
-            f"in {entry['seconds']:.0f} s: {entry['status']}.")  # fmt: skip
+    took = f", in {entry['seconds']:.0f} s" if entry["seconds"] else ""
+    head = (f"Executed on {run['device']} with JAX {run['jax']} on {entry.get('date', '?')}"
+            f"{took}: {entry['status']}.")  # fmt: skip
     out = [para(head)]
     stale = changed(entry["manifest"])
     if stale:
@@ -123,11 +127,18 @@ def _record_nodes(directive, device, chapter_stem):
                      "match the code above: " + ", ".join(stale) + ".")  # fmt: skip
         out.append(warn)
     for failure in entry.get("failures", []):
-        out.append(para(f"Cell {failure['index']} failed there: {failure['error']}"))
-    notebook = json.loads(((RESULTS / device) / f"{chapter_stem}.ipynb").read_text())
-    for cell in notebook["cells"]:
-        for output in cell.get("outputs", []) if cell["cell_type"] == "code" else []:
-            out.extend(_output_nodes(directive, output))
+        where = "A cell" if failure["index"] is None else f"Cell {failure['index']}"
+        out.append(para(f"{where} failed there:"))
+        out.append(nodes.literal_block(text=failure["error"]))
+    path = RESULTS / device / f"{chapter_stem}.ipynb"
+    if not path.is_file():  # stopped before its notebook was written
+        return out
+    notebook = json.loads(path.read_text())
+    for index, cell in enumerate(notebook["cells"]):
+        shown = [n for o in cell.get("outputs", []) for n in _output_nodes(directive, o)]
+        if shown:  # numbered as the failures are: the cell's index in the notebook
+            out.append(nodes.rubric(text=f"Cell {index}"))
+            out.extend(shown)
     return out
 
 
@@ -158,8 +169,70 @@ def _output_nodes(directive, output):
     return []
 
 
+def _run_nodes(directive, device):
+    from docutils import nodes
+
+    run = load_run(device)
+    if not run:
+        return [nodes.paragraph(text=f"No {device.upper()} run is recorded yet.")]
+    chapters = sorted((ROOT / "book").glob("[0-9][0-9]*_*.md"))
+    rows = [("chapter", "status there", "seconds", "date", "record")]
+    for chapter in chapters:
+        entry = run["chapters"].get(chapter.stem.split("_")[0])
+        if entry is None:
+            rows.append((chapter.stem, "not run yet", "", "", ""))
+            continue
+        stale = changed(entry["manifest"])
+        cells = ", ".join(str(f["index"]) for f in entry["failures"] if f["index"] is not None)
+        rows.append((chapter.stem, entry["status"] + (f" (cells {cells})" if cells else ""),
+                     f"{entry['seconds']:.0f}" if entry["seconds"] else "", entry.get("date", ""),
+                     f"stale: {len(stale)} files changed" if stale else "current"))  # fmt: skip
+    out = [nodes.paragraph(text=f"Device: {run['device']}, JAX {run['jax']}.")]
+    out.append(_table(rows))
+    tests = run.get("tests")
+    if tests:
+        text = (f"The test suite there ({tests['date']}, one process): {tests['tests']} tests, "
+                f"{tests['failures']} failed, {tests['errors']} errors, {tests['skipped']} "
+                f"skipped, in {tests['seconds']:.0f} s.")  # fmt: skip
+        out.append(nodes.paragraph(text=text))
+        listed = [(kind, line) for kind in ("failure", "error", "skipped")
+                  for line in tests.get(f"{kind} list", [])]  # fmt: skip
+        if listed:
+            out.append(_table([("kind", "test: reason"), *listed]))
+    return out
+
+
+def _table(rows):
+    from docutils import nodes
+
+    table, group = nodes.table(), nodes.tgroup(cols=len(rows[0]))
+    table += group
+    group.extend(nodes.colspec(colwidth=1) for _ in rows[0])
+    for part, part_rows in ((nodes.thead(), rows[:1]), (nodes.tbody(), rows[1:])):
+        for row in part_rows:
+            line = nodes.row()
+            for cell in row:
+                entry = nodes.entry()
+                entry += nodes.paragraph(text=str(cell))
+                line += entry
+            part += line
+        group += part
+    return table
+
+
 def setup(app):
     from docutils.parsers.rst import Directive, directives
+
+    class DeviceRun(Directive):
+        option_spec = {"device": directives.unchanged}
+
+        def run(self):
+            self.env = self.state.document.settings.env
+            device = self.options.get("device", "tpu")
+            self.env.note_dependency(str(RESULTS / device / "run.json"))
+            return _run_nodes(self, device)
+
+    app.add_directive("device-run", DeviceRun)
 
     class DeviceRecord(Directive):
         optional_arguments = 1
@@ -169,7 +242,7 @@ def setup(app):
             self.env = self.state.document.settings.env
             device = self.options.get("device", "tpu")
             stem = self.arguments[0] if self.arguments else pathlib.Path(self.env.docname).name
-            for path in ((RESULTS / device) / "run.json", (RESULTS / device) / f"{stem}.ipynb"):
+            for path in (RESULTS / device / "run.json", RESULTS / device / f"{stem}.ipynb"):
                 self.env.note_dependency(str(path))
             return _record_nodes(self, device, stem)
 

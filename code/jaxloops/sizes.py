@@ -2,7 +2,13 @@
 
 `experiment_sizes()` composes one frozen dataclass per part of the book; a chapter reads
 `sizes.loop.batch_size`, `sizes.attention.lengths`, `sizes.lm.num_layers`. A new chapter adds
-its own part here, once: each size written once, `CpuGpu(cpu, gpu)` where the two differ.
+its own part here, once: each size written once, `By(cpu, gpu, tpu)` where backends differ.
+
+The columns are planned from the machines they run on. CPU: seconds per chapter on a laptop.
+GPU: one H200 (141 GiB). TPU: one v5e chip (15.75 GiB of HBM, 169 TFLOP/s measured in bf16,
+551 GB/s read): the biggest experiments approach its limits (attention to T = 16384, where
+XLA's scores would need more memory than the chip has; a transformer step of 89 M
+parameters), each chapter inside about 90 s.
 """
 
 import dataclasses
@@ -173,138 +179,155 @@ class Sizes:
 
 
 @dataclasses.dataclass(frozen=True)
-class CpuGpu:
-    """A size that differs by backend: its CPU value and its GPU (or TPU) value."""
+class By:
+    """A size that differs by backend: its CPU, GPU and TPU values (tpu=None: the GPU's)."""
 
     cpu: object
     gpu: object
+    tpu: object = None
 
 
-def _cpu_and_gpu(part: type, **values):
-    """(the CPU part, the GPU part) of class `part`: a `CpuGpu` value is split, any other is
-    the same on both."""
-    pick = lambda i: part(
-        **{k: (v.cpu, v.gpu)[i] if isinstance(v, CpuGpu) else v for k, v in values.items()}
-    )
-    return pick(0), pick(1)
+BACKENDS = ("cpu", "gpu", "tpu")
 
 
-# Each size once, CPU and GPU side by side: `CpuGpu(cpu, gpu)` where they differ.
+def _per_backend(part: type, **values):
+    """(the CPU part, the GPU part, the TPU part) of class `part`: a `By` value is split, any
+    other is the same on all three."""
+
+    def pick(backend):
+        def value(v):
+            if not isinstance(v, By):
+                return v
+            return v.gpu if backend == "tpu" and v.tpu is None else getattr(v, backend)
+
+        return part(**{k: value(v) for k, v in values.items()})
+
+    return tuple(pick(backend) for backend in BACKENDS)
+
+
+# Each size once, the backends side by side: `By(cpu, gpu, tpu)` where they differ.
 _PARTS = dict(
-    measure=_cpu_and_gpu(
+    measure=_per_backend(
         MeasureSizes,
-        repeats=CpuGpu(5, 20),
-        matmul_size=CpuGpu(1024, 8192),
+        repeats=By(5, 20),
+        matmul_size=By(1024, 8192),
     ),
-    loop=_cpu_and_gpu(
+    loop=_per_backend(
         LoopSizes,
-        hidden=CpuGpu((256, 256), (1024, 1024)),
+        hidden=By((256, 256), (1024, 1024)),
         batch_size=128,
         epochs=30,
         learning_rate=3e-3,
         weight_decay=1e-2,
-        throughput_batch_sizes=CpuGpu((32, 128, 512), (128, 512, 2048, 8192, 32768)),
+        throughput_batch_sizes=By((32, 128, 512), (128, 512, 2048, 8192, 32768)),
         # CPU: enough that one call's overhead is small against the steps; GPU steps take
         # microseconds: amortise the per-call dispatch
-        throughput_steps=CpuGpu(40, 100),
+        throughput_steps=By(40, 100),
         warmup_epochs=2,
         validation_fraction=0.15,
         # An epoch of 8 steps takes about a millisecond on a GPU: validating after each would
         # cost a dispatch and a host sync per millisecond (not measured on a GPU yet).
-        validate_every=CpuGpu(1, 3),
-        patience=CpuGpu(4, 2),
+        validate_every=By(1, 3),
+        patience=By(4, 2),
     ),
-    attention=_cpu_and_gpu(
+    attention=_per_backend(
         AttentionSizes,
-        lengths=CpuGpu((256, 512, 1024, 2048, 4096), (512, 1024, 2048, 4096, 8192, 16384)),
-        heads=CpuGpu(4, 8),
+        lengths=By((256, 512, 1024, 2048, 4096), (512, 1024, 2048, 4096, 8192, 16384),
+                   (1024, 2048, 4096, 8192, 16384)),
+        heads=By(4, 8),
         head_dim=64,
         block_size=512,
-        materialise_max_length=CpuGpu(4096, 8192),
-        fused_dtypes=CpuGpu((), ("bfloat16", "float16")),
-        repeats=CpuGpu(3, 20),
-        causal_lengths=CpuGpu((512, 1024, 2048), (1024, 2048, 4096, 8192, 16384)),
-        decode_cache_lengths=CpuGpu((512, 1024, 2048, 4096, 8192), (1024, 4096, 16384, 65536)),
-        decode_batch=CpuGpu(4, 16),
-        decode_dtype=CpuGpu("float32", "bfloat16"),
+        # TPU: naive's (B, N, T, S) scores at T = 8192 need 8 GiB in float32 and XLA's attention ran
+        # out of the chip's 15.75 GiB there (2026-12-06): compiled, not run, beyond 4096
+        materialise_max_length=By(4096, 8192, 4096),
+        fused_dtypes=By((), ("bfloat16", "float16"), ("bfloat16",)),  # TPU: no cuDNN; XLA in bf16
+        repeats=By(3, 20),
+        causal_lengths=By((512, 1024, 2048), (1024, 2048, 4096, 8192, 16384)),
+        decode_cache_lengths=By((512, 1024, 2048, 4096, 8192), (1024, 4096, 16384, 65536)),
+        decode_batch=By(4, 16),
+        decode_dtype=By("float32", "bfloat16"),
         decode_heads=16,
-        decode_steps=CpuGpu(16, 64),
+        decode_steps=By(16, 64),
     ),
-    lm=_cpu_and_gpu(
+    lm=_per_backend(
         LanguageModelSizes,
-        text_bytes=CpuGpu(2**20, 3 * 2**20),
-        num_layers=CpuGpu(2, 4),
-        model_dim=CpuGpu(64, 256),
-        num_heads=CpuGpu(4, 8),
+        text_bytes=By(2**20, 3 * 2**20),
+        num_layers=By(2, 4),
+        model_dim=By(64, 256),
+        num_heads=By(4, 8),
         num_kv_heads=2,
-        hidden_dim=CpuGpu(256, 1024),
-        max_len=CpuGpu(64, 256),
-        batch_size=CpuGpu(16, 32),
-        steps=CpuGpu(400, 2000),
-        eval_every=CpuGpu(50, 100),
-        eval_windows=CpuGpu(128, 512),
-        learning_rate=CpuGpu(3e-3, 1e-3),
+        hidden_dim=By(256, 1024),
+        max_len=By(64, 256),
+        batch_size=By(16, 32),
+        steps=By(400, 2000),
+        eval_every=By(50, 100),
+        eval_windows=By(128, 512),
+        learning_rate=By(3e-3, 1e-3),
         weight_decay=0.1,
         decode_batch=8,
-        speed=CpuGpu((2, 128, 4, 2, 512, 128, 16), (4, 256, 8, 2, 1024, 256, 16)),
+        # The model trained is the GPU's on the TPU too: at L 6, D 512, T 512 its 2,000 steps took
+        # 96 s there (2026-12-06), past a chapter's 90 s. The step timed is 89 M parameters at
+        # T 1024 (114,000 tokens/s in float32 there).
+        speed=By((2, 128, 4, 2, 512, 128, 16), (4, 256, 8, 2, 1024, 256, 16),
+                 (8, 1024, 16, 4, 4096, 1024, 8)),
     ),
-    sharding=_cpu_and_gpu(
+    sharding=_per_backend(
         ShardingSizes,
         devices=8,  # 8 GPUs of one host, or 8 simulated CPU devices where fewer are found
-        hidden=CpuGpu((256, 256), (1024, 1024)),
-        batch_size=CpuGpu(128, 512),
+        hidden=By((256, 256), (1024, 1024)),
+        batch_size=By(128, 512),
         examples=1344,  # the digits training split has 1347 rows; 1344 = 168 x 8
-        epochs=CpuGpu(3, 10),
+        epochs=By(3, 10),
         learning_rate=3e-3,
         weight_decay=1e-2,
-        stack_layers=CpuGpu(4, 8),
-        stack_width=CpuGpu(64, 256),
-        stack_hidden=CpuGpu(128, 1024),
-        stack_batch=CpuGpu(64, 256),
+        stack_layers=By(4, 8),
+        stack_width=By(64, 256),
+        stack_hidden=By(128, 1024),
+        stack_batch=By(64, 256),
         grid=(4, 2),
     ),
-    checkpoint=_cpu_and_gpu(
+    checkpoint=_per_backend(
         CheckpointSizes,
-        epochs=CpuGpu(4, 20),
-        stop_epoch=CpuGpu(2, 8),
-        kill_epoch=CpuGpu(2, 5),
+        epochs=By(4, 20),
+        stop_epoch=By(2, 8),
+        kill_epoch=By(2, 5),
         keep_last=3,
-        lm_text_bytes=CpuGpu(2**16, 2**20),
-        lm_windows=CpuGpu(64, 1024),
+        lm_text_bytes=By(2**16, 2**20),
+        lm_windows=By(64, 1024),
     ),
-    memory=_cpu_and_gpu(
+    memory=_per_backend(
         MemorySizes,
-        layers=CpuGpu(4, 8),
-        batch_size=CpuGpu(8, 32),
-        seq_len=CpuGpu(64, 256),
-        sweep_batches=CpuGpu((2, 8), (8, 32)),
-        sweep_lengths=CpuGpu((16, 64), (64, 256)),
-        sweep_layers=CpuGpu((1, 4), (1, 2, 4, 8)),
+        layers=By(4, 8),
+        batch_size=By(8, 32),
+        seq_len=By(64, 256),
+        sweep_batches=By((2, 8), (8, 32)),
+        sweep_lengths=By((16, 64), (64, 256)),
+        sweep_layers=By((1, 4), (1, 2, 4, 8)),
         # the unrolled compile grows ~3x from 2 to 24 layers, the scanned not; at 2 the
         # scanned program takes ~2x the unrolled one to compile (one build: 1.85, 0.86 s)
-        compile_layers=CpuGpu((2, 24), (8, 32)),
+        compile_layers=By((2, 24), (8, 32)),
         micro_batches=(1, 4),
-        train_steps=CpuGpu(30, 200),
-        text_bytes=CpuGpu(2**16, 2**20),
-        budget_mib=CpuGpu(16, 4096),
+        train_steps=By(30, 200),
+        text_bytes=By(2**16, 2**20),
+        budget_mib=By(16, 4096, 15 * 1024),  # TPU: the chip's 15.75 GiB, less headroom
     ),
-    streaming=_cpu_and_gpu(
+    streaming=_per_backend(
         StreamingSizes,
-        text_bytes=CpuGpu(2**16, 2**20),
-        context=CpuGpu(8, 16),
-        records_per_shard=CpuGpu(1000, 8192),
-        hidden=CpuGpu((512, 512), (2048, 2048)),
-        batch_size=CpuGpu(128, 1024),
+        text_bytes=By(2**16, 2**20),
+        context=By(8, 16),
+        records_per_shard=By(1000, 8192),
+        hidden=By((512, 512), (2048, 2048)),
+        batch_size=By(128, 1024),
         epochs=2,
-        feed_steps=CpuGpu(12, 50),
-        rounds=CpuGpu(7, 7),
-        save_every=CpuGpu(10, 20),
-        kill_step=CpuGpu(70, 80),
-        nnx_steps=CpuGpu(20, 50),
+        feed_steps=By(12, 50),
+        rounds=By(7, 7),
+        save_every=By(10, 20),
+        kill_step=By(70, 80),
+        nnx_steps=By(20, 50),
     ),
 )
-_CPU, _GPU = (Sizes(backend, **{name: pair[i] for name, pair in _PARTS.items()})
-              for i, backend in enumerate(("cpu", "gpu")))  # fmt: skip
+_SIZES = {backend: Sizes(backend, **{name: parts[i] for name, parts in _PARTS.items()})
+          for i, backend in enumerate(BACKENDS)}  # fmt: skip
 
 
 def experiment_sizes(backend: str | None = None) -> Sizes:
@@ -314,8 +337,8 @@ def experiment_sizes(backend: str | None = None) -> Sizes:
       backend: "cpu", "gpu" or "tpu"; None asks JAX which backend it found.
     """
     backend = jax.default_backend() if backend is None else backend
-    if backend == "cpu":
-        return _CPU
-    if backend in ("gpu", "cuda", "rocm", "tpu"):
-        return dataclasses.replace(_GPU, backend=backend)
-    raise ValueError(f"unknown backend {backend!r}; expected 'cpu', 'gpu' or 'tpu'")
+    if backend in ("cuda", "rocm"):
+        return dataclasses.replace(_SIZES["gpu"], backend=backend)
+    if backend not in _SIZES:
+        raise ValueError(f"unknown backend {backend!r}; expected 'cpu', 'gpu' or 'tpu'")
+    return _SIZES[backend]

@@ -2,7 +2,7 @@
 
 import urllib.parse
 
-from sitepages import is_local
+from sitepages import ROOT, is_local
 
 
 def test_page_loads(visits, page_path):
@@ -107,3 +107,21 @@ def test_search_finds_a_term_from_a_chapter(browser_context, base_url):
     finally:
         page.close()
     assert any("05_train_step" in href for href in hrefs), hrefs
+
+
+def test_a_chapter_shows_its_tpu_run_one_click_away(browser_context, base_url):
+    """The dropdown at the end of a chapter holds the recorded TPU run: hidden, then shown."""
+    page = browser_context.new_page()
+    try:
+        page.goto(base_url + "book/01_watching_jax.html", wait_until="load")
+        dropdown = page.locator("details, div.dropdown").filter(has_text="The run on a TPU").last
+        record = dropdown.get_by_text("Executed on TPU", exact=False).first
+        hidden_before = not record.is_visible()
+        dropdown.locator("summary, button.toggle-button").first.click()
+        record.wait_for(state="visible")
+        page.goto(base_url + "book/tpu.html", wait_until="load")
+        rows = page.locator("table tbody tr").count()
+    finally:
+        page.close()
+    chapters = len(list((ROOT / "book").glob("[0-9][0-9]*_*.md")))
+    assert hidden_before and rows >= chapters

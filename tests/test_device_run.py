@@ -1,0 +1,130 @@
+"""scripts/device_run.py and book/_ext/device_records.py: the device run's resumption, its
+records, and the manifests that say when a record is stale."""
+
+import json
+import pathlib
+import sys
+import tarfile
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "book" / "_ext"))
+
+import device_records  # noqa: E402 - book/_ext is put on the path just above
+import device_run  # noqa: E402
+
+CHAPTER = """# A chapter
+
+Some prose.
+
+```{code-cell} python
+:tags: [remove-input]
+import jaxloops.sizes
+```
+
+```{code-cell} python
+x = 1
+```
+"""
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    """A repository of two chapters and a three-module package, as device_records sees it."""
+    (tmp_path / "book").mkdir()
+    package = tmp_path / "code" / "jaxloops"
+    (package / "measure").mkdir(parents=True)
+    (package / "__init__.py").write_text("from jaxloops import data\n")
+    (package / "data.py").write_text("X = 1\n")
+    (package / "sizes.py").write_text("def f():\n    from .measure import timing\n")
+    (package / "measure" / "__init__.py").write_text("")
+    (package / "measure" / "timing.py").write_text("T = 1\n")
+    (package / "unused.py").write_text("U = 1\n")
+    (tmp_path / "book" / "02_two.md").write_text(CHAPTER)
+    (tmp_path / "book" / "03_three.md").write_text(CHAPTER.replace("x = 1", "y = 2"))
+    monkeypatch.setattr(device_records, "ROOT", tmp_path)
+    monkeypatch.setattr(device_records, "PACKAGE", package)
+    monkeypatch.setattr(device_records, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(device_run, "ROOT", tmp_path)
+    return tmp_path
+
+
+def test_the_manifest_holds_the_code_and_every_module_it_imports(tree):
+    """Imports inside functions and relative imports count; a module nobody imports does not."""
+    files = set(device_records.manifest(tree / "book" / "02_two.md"))
+    assert files == {
+        "book/02_two.md",
+        "code/jaxloops/__init__.py",
+        "code/jaxloops/data.py",
+        "code/jaxloops/sizes.py",
+        "code/jaxloops/measure/__init__.py",
+        "code/jaxloops/measure/timing.py",
+    }
+
+
+def test_a_record_goes_stale_when_its_code_or_a_module_changes_not_its_prose(tree):
+    chapter = tree / "book" / "02_two.md"
+    recorded = device_records.manifest(chapter)
+    assert device_records.changed(recorded) == []
+    chapter.write_text(CHAPTER.replace("Some prose.", "Other prose."))
+    assert device_records.changed(recorded) == []  # prose: the run would compute the same
+    (tree / "code" / "jaxloops" / "unused.py").write_text("U = 2\n")
+    assert device_records.changed(recorded) == []  # a module the chapter does not import
+    (tree / "code" / "jaxloops" / "measure" / "timing.py").write_text("T = 2\n")
+    assert device_records.changed(recorded) == ["code/jaxloops/measure/timing.py"]
+    chapter.write_text(CHAPTER.replace("x = 1", "x = 2"))
+    assert device_records.changed(recorded) == ["book/02_two.md", "code/jaxloops/measure/timing.py"]
+
+
+def test_a_run_resumes_with_the_chapters_that_have_no_current_passing_record(tree):
+    two, three = tree / "book" / "02_two.md", tree / "book" / "03_three.md"
+    assert device_run.chapters_to_run({}, []) == [two, three]
+    assert device_run.chapters_to_run({}, ["03", "02"]) == [three, two]  # the order asked
+    recorded = {"02": {"status": "ok", "manifest": device_records.manifest(two)},
+                "03": {"status": "failed", "manifest": device_records.manifest(three)}}  # fmt: skip
+    assert device_run.chapters_to_run(recorded, []) == [three]  # a failed one runs again
+    two.write_text(CHAPTER.replace("x = 1", "x = 3"))
+    assert device_run.chapters_to_run(recorded, []) == [two, three]  # a stale one too
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="1"
+failures="1" skipped="1" tests="4" time="12.5"><testcase classname="tests.test_a" name="test_ok"/>
+<testcase classname="tests.test_a" name="test_bad"><failure message="assert 1 == 2">x</failure>
+</testcase><testcase classname="tests.test_b" name="test_err"><error message="boom">y</error>
+</testcase><testcase classname="tests.test_b" name="test_skip"><skipped message="needs TCP"/>
+</testcase></testsuite></testsuites>"""
+
+
+def test_the_test_summary_lists_each_failure_error_and_skip_with_its_reason(tmp_path):
+    (tmp_path / "junit.xml").write_text(JUNIT)
+    summary = device_run.test_summary(tmp_path / "junit.xml")
+    assert {k: summary[k] for k in ("tests", "failures", "errors", "skipped")} == {
+        "tests": 4, "failures": 1, "errors": 1, "skipped": 1}  # fmt: skip
+    assert summary["failure list"] == ["tests.test_a::test_bad: assert 1 == 2"]
+    assert summary["error list"] == ["tests.test_b::test_err: boom"]
+    assert summary["skipped list"] == ["tests.test_b::test_skip: needs TCP"]
+
+
+def test_recording_a_run_replaces_the_chapters_it_ran_and_keeps_the_rest(tree):
+    def device_files(folder, chapters):
+        folder.mkdir()
+        entries = [{"chapter": c, "stem": f"{c}_x", "status": "ok", "manifest": {}}
+                   for c in chapters]  # fmt: skip
+        run = {"device": "TPU v5 lite", "backend": "tpu", "jax": "0.10.2", "date": "2026-12-06",
+               "stages": {"chapters": {"status": "ok", "chapters": entries}}}  # fmt: skip
+        (folder / "run.json").write_text(json.dumps(run))
+        (folder / "notebooks").mkdir()
+        for c in chapters:
+            (folder / "notebooks" / f"{c}_x.ipynb").write_text(json.dumps({"run": str(folder)}))
+        with tarfile.open(folder / "notebooks.tar.gz", "w:gz") as tar:
+            tar.add(folder / "notebooks", arcname="notebooks")
+        return folder
+
+    device_run.record_run(device_files(tree / "first", ["02", "03"]))
+    device_run.record_run(device_files(tree / "second", ["03"]))
+    merged = json.loads((tree / "results" / "tpu" / "run.json").read_text())
+    assert sorted(merged["chapters"]) == ["02", "03"] and merged["device"] == "TPU v5 lite"
+    notebook = lambda c: json.loads((tree / "results" / "tpu" / f"{c}_x.ipynb").read_text())
+    assert notebook("02")["run"].endswith("first") and notebook("03")["run"].endswith("second")
