@@ -1,25 +1,33 @@
-"""The transformer train step's speed: tokens/s and the fraction of the build's matmul
-ceiling, at chapter 11's size and at a larger one (`make bench`). A benchmark, not a test.
+"""`make bench`: the goals the book's issues set (`jaxloops.pages.goals`), measured on this
+machine, recorded in results/bench/<machine>.json, and an exit status of 1 when a goal that
+applies here is missed. Goals are not tests and not the pages' claims: a page states each
+goal as set and says whether its build met it; this script is what checks them.
 
-  python scripts/bench.py [--rounds 7] [--breakdown] [--control]
+  python scripts/bench.py [--rounds 7] [--out results/bench] [--rates [--breakdown] [--control]]
 
---control also times the step with `textbook_attention` (chapter 11's control) and, with
+--rates also prints the transformer train step's tokens/s and fraction of the build's
+matmul ceiling at chapter 11's size and at the goal's size. Each size then also runs in a
+fresh process with each of `step_speed.ALLOCATORS` (glibc's defaults, huge pages, memory
+kept: `step_speed.rates_in_fresh_process`), where the machine can contrast them. --control
+also times the step with `textbook_attention` (chapter 11's control) and, with
 --breakdown, gives each group's traced time in it: the before/after table of issue 26.
-Each size also runs in a fresh process with each of `step_speed.ALLOCATORS` (glibc's
-defaults, huge pages, memory kept: `step_speed.rates_in_fresh_process`), where the machine
-can contrast them.
 """
 
 import argparse
 import os
+import pathlib
+import platform
+import sys
 import tempfile
 
 import jax
 
-from jaxloops import experiment_sizes, step_speed
+from jaxloops import experiment_sizes, measure
 from jaxloops.attention import textbook_attention
-from jaxloops.measure import describe_backend
+from jaxloops.measure import describe_backend, step_speed
 from jaxloops.measure.roofline import ROOFLINE_ENV
+from jaxloops.measure.throughput import validation_hook_speed
+from jaxloops.pages import goals
 
 
 def chapter_size() -> tuple[int, ...]:
@@ -28,15 +36,82 @@ def chapter_size() -> tuple[int, ...]:
             lm.max_len, lm.batch_size)  # fmt: skip
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what `platform` says."""
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def measure_goals(rounds: int) -> dict[str, float]:
+    """Every goal's figure, measured as its chapter measures it."""
+    sizes = experiment_sizes()
+    measured = {"validation_hook": validation_hook_speed(sizes.loop)}
+    print(f"chapter 7, fit with a validation hook / without: {measured['validation_hook']:.1%}")
+    lengths = [T for T in sizes.attention.causal_lengths if T >= 1024]
+    rows = measure.causal_sweep(
+        jax.random.key(0), lengths, ("blockwise",), dtype="float32", batch=1,
+        heads=sizes.attention.heads, head_dim=sizes.attention.head_dim, block_size=None,
+        parallel_blocks=None, repeats=sizes.attention.repeats,
+        materialise_max_length=sizes.attention.materialise_max_length,
+    )  # fmt: skip
+    speedups = {r["T"]: r["speedup"] for r in rows if r["speedup"] is not None}
+    measured["causal_over_full"] = min(speedups.values())
+    print("chapter 9, causal blockwise over full with defaults: "
+          + ", ".join(f"{x:.2f} at T = {T}" for T, x in speedups.items()))  # fmt: skip
+    why_not = step_speed.huge_pages_contrast() if jax.default_backend() == "cpu" else "not a CPU"
+    if why_not is None:
+        step = step_speed.rates_in_fresh_process(sizes.lm.goal, rounds, "memory kept")
+        where = "a fresh process with memory kept"
+    else:
+        programs = step_speed.step_programs(sizes.lm.goal, jax.random.key(0))
+        step = step_speed.step_rates(programs, rounds)
+        where = f"this process ({why_not})"
+    measured["step_of_ceiling"] = step["of_ceiling"]
+    measured["gradient_over_forward"] = step["gradient_over_forward"]
+    print(f"chapter 11, the step at {sizes.lm.goal} in {where}: {step['of_ceiling']:.1%} of "
+          f"the {step['ceiling'] / 1e9:.1f} GFLOP/s ceiling, gradient / forward "
+          f"{step['gradient_over_forward']:.2f}")  # fmt: skip
+    return measured
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--breakdown", action="store_true", help="also the per-group table")
-    parser.add_argument("--control", action="store_true", help="also the textbook attention")
+    parser.add_argument("--out", default=str(goals.BENCH_DIR), help="where to record")
+    parser.add_argument("--rates", action="store_true", help="also the step's rates table")
+    parser.add_argument("--breakdown", action="store_true", help="with --rates: per group")
+    parser.add_argument("--control", action="store_true", help="with --rates: textbook attention")
     args = parser.parse_args()
     # One roofline for this process and its workers, as in a build of the book.
     os.environ.setdefault(ROOFLINE_ENV, os.path.join(tempfile.mkdtemp(), "roofline.json"))
     print(f"{describe_backend()}, JAX {jax.__version__}, float32")
+    backend = jax.default_backend()
+    cores_before = measure.free_cores()
+    measured = measure_goals(args.rounds)
+    cores = min(cores_before, measure.free_cores())
+    facts = {**measure.machine_facts(), "cpu_model": cpu_model(),
+             "cpu_count": str(os.cpu_count()), "cores_free": f"{cores:.2f}"}  # fmt: skip
+    record = goals.bench_record(measured, backend, facts)
+    key = goals.machine_key(backend, facts["device_kind"], facts["cpu_model"], os.cpu_count())
+    path = goals.write_record(record, key, args.out)
+    for g in goals.GOALS:
+        print(f"  {g.key:24s} goal {g.stated:8s} {record['goals'][g.key]['verdict']}")
+    print(f"recorded in {path} ({cores:.2f} of {os.cpu_count()} cores free)")
+    if args.rates:
+        print_rates(args)
+    missed = goals.missed(record)
+    if missed:
+        print(f"missed on a machine they apply to: {', '.join(missed)}", file=sys.stderr)
+        sys.exit(1)
+
+
+def print_rates(args) -> None:
+    """The step's rates at chapter 11's size and the goal's size (the former `make bench`)."""
     header = f"{'size (L, D, N, K, F, T, B)':32s} {'tokens/s':>9s} {'GFLOP/s':>8s}"
     print(header + f" {'ceiling':>8s} {'of ceiling':>10s} {'grad/fwd':>8s}")
     for sizes in (chapter_size(), experiment_sizes().lm.goal):

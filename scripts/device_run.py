@@ -44,16 +44,34 @@ SITE = pathlib.Path(os.environ.get("SITE", "/tmp/jaxloops-site"))
 WHEELS = ROOT / ".whl-device"
 PIP_INDEX = pathlib.Path(os.environ.get("PIP_INDEX", "/opt/pypi/simple"))
 # What the book and its tests import beyond JAX, numpy and pytest: from the machine's index.
-FROM_INDEX = ["optax==0.2.8", "flax==0.12.8", "orbax-checkpoint", "scikit-learn", "matplotlib",
-              "nbformat", "ipython", "nbclient", "ipykernel", "markdown-it-py",
-              "mdit-py-plugins", "pyyaml"]  # fmt: skip
+FROM_INDEX = [
+    "optax==0.2.8",
+    "flax==0.12.8",
+    "orbax-checkpoint",
+    "scikit-learn",
+    "matplotlib",
+    "nbformat",
+    "ipython",
+    "nbclient",
+    "ipykernel",
+    "markdown-it-py",
+    "mdit-py-plugins",
+    "pyyaml",
+    "docutils",
+]
 # What that index lacks (read there on 2026-12-06), carried as wheels with no dependencies:
 # orbax-checkpoint 0.12.8 (the index has 0.12.4) replaces the index's after it.
 # Issue 41: each chapter should take <= 90 s on the chip; one that runs on is stopped at 150 s
 # (the rest of its cells recorded as not run) so that one chapter cannot spend a whole run.
 CHAPTER_LIMIT = 150
-CARRIED = ["grain==0.2.18", "array-record==0.8.6", "portpicker==1.6.0", "jupytext==1.19.6",
-           "myst-nb==1.4.0", "orbax-checkpoint==0.12.8"]  # fmt: skip
+CARRIED = [
+    "grain==0.2.18",
+    "array-record==0.8.6",
+    "portpicker==1.6.0",
+    "jupytext==1.19.6",
+    "myst-nb==1.4.0",
+    "orbax-checkpoint==0.12.8",
+]
 
 
 def environment() -> dict:
@@ -83,14 +101,17 @@ def setup(out: pathlib.Path) -> dict:
 
 # Imports what the run needs and says what JAX found, in a process of its own: this driver
 # never imports JAX, so it never holds the device while the tests or the chapters need it.
-PROBE = """import json, jax, optax, flax, orbax.checkpoint, grain, jupytext, myst_nb, IPython, sklearn
+PROBE = """import json, jax, optax, flax, orbax.checkpoint, grain, jupytext, IPython, sklearn
+import myst_nb.ext.glue  # the pages' glue: it needs docutils
 d = jax.devices()[0]
-print(json.dumps({"device": d.device_kind, "backend": jax.default_backend(), "jax": jax.__version__}))"""
+found = {"device": d.device_kind, "backend": jax.default_backend(), "jax": jax.__version__}
+print(json.dumps(found))"""
 
 
 def describe() -> dict:
-    probe = subprocess.run([sys.executable, "-c", PROBE], env=environment(), capture_output=True,
-                           text=True)  # fmt: skip
+    probe = subprocess.run(
+        [sys.executable, "-c", PROBE], env=environment(), capture_output=True, text=True
+    )
     if probe.returncode != 0:
         raise RuntimeError(f"the environment does not import: {probe.stderr[-800:]}")
     return {**json.loads(probe.stdout.splitlines()[-1]), "date": datetime.date.today().isoformat()}
@@ -114,12 +135,27 @@ def test_summary(junit: pathlib.Path) -> dict:
 
 def tests(out: pathlib.Path, seconds: float, pytest_args: list[str]) -> dict:
     junit = out / "junit.xml"
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs",
-               f"--junitxml={junit}", "--durations=20", *pytest_args]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-rs",
+        f"--junitxml={junit}",
+        "--durations=20",
+        *pytest_args,
+    ]
     with open(out / "tests.log", "w") as log:
         try:
-            code = subprocess.run(command, env=environment(), stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=seconds, cwd=ROOT).returncode  # fmt: skip
+            code = subprocess.run(
+                command,
+                env=environment(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=seconds,
+                cwd=ROOT,
+            ).returncode
         except subprocess.TimeoutExpired:
             return {"status": "timed out", "detail": f"after {seconds:.0f} s"}
     summary = test_summary(junit) if junit.is_file() else {}
@@ -140,6 +176,7 @@ def chapters_to_run(recorded: dict, only: list[str]) -> list[pathlib.Path]:
     def fresh(p):
         entry = recorded.get(number(p), {})
         return entry.get("status") == "ok" and not device_records.changed(entry["manifest"])
+
     return [p for p in chapters if not fresh(p)]
 
 
@@ -149,18 +186,35 @@ def chapters(out: pathlib.Path, seconds: float, recorded: dict, only: list[str])
     command = [sys.executable, __file__, "execute", str(out), *[str(p) for p in todo]]
     with open(out / "chapters.log", "a") as log:
         try:
-            subprocess.run(command, env=environment(), stdout=log, stderr=subprocess.STDOUT,
-                           timeout=seconds, cwd=ROOT)  # fmt: skip
+            subprocess.run(
+                command,
+                env=environment(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=seconds,
+                cwd=ROOT,
+            )
         except subprocess.TimeoutExpired:
             pass
-    done = [json.loads(line) for line in progress.read_text().splitlines()] if progress.exists() else []
+    done = (
+        [json.loads(line) for line in progress.read_text().splitlines()]
+        if progress.exists()
+        else []
+    )
     ran = {d["chapter"] for d in done}
     for path in todo:  # the one in flight when the process ended: killed or crashed
         if number(path) not in ran:
-            done.append({"chapter": number(path), "stem": path.stem, "status": "stopped",
-                         "failures": [{"index": None, "error": "the process ended (budget or crash)"}],
-                         "seconds": None, "date": datetime.date.today().isoformat(),
-                         "manifest": device_records.manifest(path)})  # fmt: skip
+            done.append(
+                {
+                    "chapter": number(path),
+                    "stem": path.stem,
+                    "status": "stopped",
+                    "failures": [{"index": None, "error": "the process ended (budget or crash)"}],
+                    "seconds": None,
+                    "date": datetime.date.today().isoformat(),
+                    "manifest": device_records.manifest(path),
+                }
+            )
             break
     return {"status": "ok", "detail": f"{len(done)} of {len(todo)} chapters", "chapters": done}
 
@@ -168,10 +222,10 @@ def chapters(out: pathlib.Path, seconds: float, recorded: dict, only: list[str])
 def execute(out: pathlib.Path, paths: list[str], limit: float) -> None:
     """In one process: each chapter in turn, in-process, written as soon as it ends."""
     sys.path.insert(0, str(ROOT / "scripts"))
+    import nbformat
+
     import run_chapter
     from in_process import execute as run_cells
-
-    import nbformat
 
     (out / "notebooks").mkdir(exist_ok=True)
     for path in map(pathlib.Path, paths):
@@ -181,18 +235,28 @@ def execute(out: pathlib.Path, paths: list[str], limit: float) -> None:
         failures = run_cells(notebook, path.parent, keep_going=True, on_cell=report, limit=limit)
         seconds = time.perf_counter() - began
         nbformat.write(notebook, out / "notebooks" / f"{path.stem}.ipynb")
-        entry = {"chapter": number(path), "stem": path.stem, "seconds": round(seconds, 1),
-                 "status": "failed" if failures else "ok",
-                 "failures": [{"index": f.index, "error": f"{f.ename}: {f.evalue}"[:500]}
-                              for f in failures],
-                 "date": datetime.date.today().isoformat(),
-                 "manifest": device_records.manifest(path)}  # fmt: skip
+        entry = {
+            "chapter": number(path),
+            "stem": path.stem,
+            "seconds": round(seconds, 1),
+            "status": "failed" if failures else "ok",
+            "failures": [
+                {"index": f.index, "error": f"{f.ename}: {f.evalue}"[:500]} for f in failures
+            ],
+            "date": datetime.date.today().isoformat(),
+            "manifest": device_records.manifest(path),
+        }
         with open(out / "chapters.jsonl", "a") as progress:
             progress.write(json.dumps(entry) + "\n")
 
 
-def run(out: pathlib.Path, stages: list[str], budget: float, only: list[str],
-        pytest_args: list[str] = ()) -> int:  # fmt: skip
+def run(
+    out: pathlib.Path,
+    stages: list[str],
+    budget: float,
+    only: list[str],
+    pytest_args: list[str] = (),
+) -> int:
     start, record = time.perf_counter(), {"stages": {}}
     out.mkdir(parents=True, exist_ok=True)
     left = lambda: budget - (time.perf_counter() - start)
@@ -243,15 +307,35 @@ def record_run(files_at: pathlib.Path) -> None:
 def download_wheels() -> None:
     """CARRIED into .whl-device/ (needs the network): wheels for the device's Python 3.11."""
     shutil.rmtree(WHEELS, ignore_errors=True)
-    platforms = [a for n in ("2_28", "2_27", "2_24", "2_17") for a in ("--platform", f"manylinux_{n}_x86_64")]
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                    "--python-version", "3.11", "--implementation", "cp", *platforms,
-                    "-d", str(WHEELS), *CARRIED], check=True)  # fmt: skip
+    platforms = [
+        a for n in ("2_28", "2_27", "2_24", "2_17") for a in ("--platform", f"manylinux_{n}_x86_64")
+    ]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "--implementation",
+            "cp",
+            *platforms,
+            "-d",
+            str(WHEELS),
+            *CARRIED,
+        ],
+        check=True,
+    )
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="verb", required=True)
     go = sub.add_parser("run")
     go.add_argument("out", type=pathlib.Path)

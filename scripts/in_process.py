@@ -64,9 +64,7 @@ class _Publisher(DisplayPublisher):
     def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **_):
         sys.stdout.flush()
         OUTPUTS.add(
-            nbformat.v4.new_output(
-                "display_data", data=_jsonable(data), metadata=metadata or {}
-            )
+            nbformat.v4.new_output("display_data", data=_jsonable(data), metadata=metadata or {})
         )
 
     def clear_output(self, wait=False):

@@ -26,7 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def find_chapter(number: str) -> pathlib.Path:
     matches = sorted((ROOT / "book").glob(f"{number}_*.md"))
     if len(matches) != 1:
-        names = ", ".join(p.name for p in sorted((ROOT / "book").glob("[0-9][0-9]_*.md")))
+        names = ", ".join(p.name for p in sorted((ROOT / "book").glob("[0-9][0-9]*_*.md")))
         raise SystemExit(f"no single chapter numbered {number!r} in book/; chapters: {names}")
     return matches[0]
 
@@ -97,7 +97,9 @@ def main(argv=None) -> int:
             notebook, str(source.parent), args.timeout, args.keep_going, report
         )
     for failure in failures:
-        print(f"FAILED cell {failure.index}: {failure.ename}: {failure.evalue}"[:600], file=sys.stderr)
+        print(
+            f"FAILED cell {failure.index}: {failure.ename}: {failure.evalue}"[:600], file=sys.stderr
+        )
     if failures:
         return 1
     args.out.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ import pytest
 
 import jaxloops
 from conftest import normal
+from jaxloops import equivalence
 
 # Odd, distinct sizes: B, T, S, N, H; K varies per test. Data and references are NumPy,
 # so that the only programs compiled are the ones under test.
@@ -229,6 +230,17 @@ def test_the_rounding_bound_is_eps_times_sqrt_s_and_the_score_size():
     query, key = np.ones((1, 1, 1, 4), np.float32), np.full((1, 9, 1, 4), 0.5, np.float32)
     # A = sum_h |q k| / sqrt(H) = 4 * 0.5 / 2 = 1; sqrt(S) = 3; scale 2.
     eps = float(jnp.finfo(jnp.float32).eps)
-    assert attention_rounding_bound(query, key, 2.0) == pytest.approx(2 * eps * 2 * (1 + 3 + 1))
+    bound = attention_rounding_bound(query, key, 2.0, eps=eps)
+    assert bound == pytest.approx(2 * eps * 2 * (1 + 3 + 1))
+    # By default eps is this backend's (float32's on a CPU; more where it rounds worse).
+    backend = equivalence.backend_eps()
+    assert backend >= eps
+    assert attention_rounding_bound(query, key, 2.0) == pytest.approx(bound * backend / eps)
     # A Python float, so a page can glue it (a NumPy scalar glues with a Sphinx warning).
     assert type(attention_rounding_bound(query, key, 2.0)) is float
+
+
+@pytest.mark.parametrize("T, S", [(0, 5), (3, 0), (-2, 4)])
+def test_an_empty_causal_mask_is_refused(T, S):
+    with pytest.raises(ValueError, match=f"T and S must be >= 1, got T = {T}, S = {S}"):
+        jaxloops.causal_mask(T, S)

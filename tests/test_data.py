@@ -185,3 +185,16 @@ def test_a_kept_split_is_made_again_when_its_function_changes(tmp_path, monkeypa
     assert len(list(tmp_path.iterdir())) == 2
     np.testing.assert_array_equal(first.test.x, ones.x)
     np.testing.assert_array_equal(second.test.x, 2 * ones.x)
+
+
+def test_batches_refuse_labels_of_another_length_instead_of_clamping(digits, key):
+    # Indexed on the device, labels 3 shorter than the features would be read out of
+    # bounds, which JAX clamps: the last examples would get the last label, silently.
+    short = jaxloops.Batch(digits.train.x, digits.train.y[:-3])
+    n = digits.train.x.shape[0]
+    with pytest.raises(
+        ValueError, match=rf"same leading \(examples\) axis, got \[\({n}, 64\), \({n - 3},\)\]"
+    ):
+        jaxloops.epoch_batches(key, short, 97)
+    with pytest.raises(ValueError, match="same leading"):
+        jaxloops.ragged_batches(short, 100)

@@ -13,6 +13,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
 
 import device_records  # noqa: E402 - book/_ext is put on the path just above
+
 import device_run  # noqa: E402
 
 CHAPTER = """# A chapter

@@ -88,3 +88,30 @@ def test_checked_confusion_matrix_raises_naming_the_bad_label(labels, match):
 def test_a_negative_k_is_refused_not_sliced_from_the_end():
     with pytest.raises(ValueError, match="k must be >= 0, got -1"):
         jaxloops.most_confused(np.ones((3, 3), dtype=int), -1)
+
+
+def test_evaluate_refuses_a_class_count_other_than_the_logits(digits, key):
+    # num_classes 7 for 10 logits: predictions 7, 8, 9 would drop out of the counts, and the
+    # accuracy would be computed over fewer examples than were evaluated.
+    params = jaxloops.init_mlp(key, (64, 5, 10))
+    batches = pad_batches(digits.test, 97)
+    with pytest.raises(ValueError, match="logits_fn gives 10 classes, num_classes is 7"):
+        jaxloops.evaluate(jaxloops.mlp_logits, params, batches, 7)
+    _, counts = jaxloops.evaluate(jaxloops.mlp_logits, params, batches, 10)
+    assert int(np.asarray(counts).sum()) == digits.test.x.shape[0]
+
+
+def test_summaries_refuse_an_empty_or_non_square_confusion_matrix():
+    with pytest.raises(ValueError, match="counts 0 examples"):
+        jaxloops.accuracy_from_confusion(np.zeros((3, 3), np.int32))
+    with pytest.raises(ValueError, match=r"square \(C, C\), got shape \(3, 4\)"):
+        jaxloops.per_class_accuracy(np.ones((3, 4), np.int32))
+    # A class with no examples has no recall: NaN, and the others are still right.
+    counts = np.array([[3, 1, 0], [0, 0, 0], [0, 2, 2]])
+    np.testing.assert_array_equal(jaxloops.per_class_accuracy(counts), [0.75, np.nan, 0.5])
+
+
+def test_pad_batches_refuses_labels_of_another_length(digits):
+    short = jaxloops.Batch(digits.test.x, digits.test.y[:-3])
+    with pytest.raises(ValueError, match="same leading"):
+        jaxloops.pad_batches(short, 97)

@@ -162,3 +162,17 @@ def test_positions_past_the_table_and_nan_temperatures_are_refused(params):
         jaxloops.transformer.embed(params, np.zeros((2, 3), np.int32), 9)
     with pytest.raises(ValueError, match="temperature must be >= 0, got nan"):
         sample_token(jax.random.key(0), np.zeros((2, 3), np.float32), float("nan"))
+
+
+@pytest.mark.parametrize("decoder", [generate, generate_without_cache])
+def test_an_out_of_vocabulary_prompt_is_refused_before_it_decodes(params, prompt, decoder):
+    # Before the wrapper, `generate` embedded the bad token as NaN and sampled token 0
+    # from then on: a (7, 10) array of valid-looking ids and no error.
+    V = CONFIG.vocab_size
+    for bad, where in ((V, (2, 3)), (-1, (0, 0))):
+        wrong = prompt.copy()
+        wrong[where] = bad
+        with pytest.raises(ValueError, match=rf"prompt tokens must be in \[0, {V}\); got {bad}"):
+            decoder(jax.random.key(0), params, wrong, steps=STEPS)
+    # The same ids in range decode as before: the check refuses only what is wrong.
+    assert decoder(jax.random.key(0), params, prompt, steps=STEPS).shape == (7, 10)

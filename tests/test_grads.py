@@ -109,3 +109,22 @@ def test_finite_difference_bound_refuses_bad_sizes(key):
         jaxloops.grads.finite_difference_bound(
             loss, params, *entry, eps=1e-3, terms=2 * 10**9, scale=1.0
         )
+
+
+@pytest.mark.parametrize("eps", [0.0, -0.0, float("nan"), float("inf")])
+def test_a_finite_difference_step_that_is_not_positive_is_refused(key, eps):
+    # eps = 0 would return 0 / 0 = NaN for every entry.
+    params, batch = _problem(key)
+    loss = lambda p: jaxloops.mlp_loss(p, batch)[0]
+    with pytest.raises(ValueError, match=f"eps must be a finite number > 0, got {eps}"):
+        jaxloops.finite_difference(loss, params, ("dense_0", "w"), (0, 0), eps=eps)
+
+
+@pytest.mark.parametrize("learning_rate", [-0.3, 0.0, float("nan")])
+def test_sgd_refuses_a_learning_rate_that_climbs_or_stands_still(key, learning_rate):
+    params, batch = _problem(key)
+    grads = jax.grad(lambda p: jaxloops.mlp_loss(p, batch)[0])(params)
+    with pytest.raises(
+        ValueError, match=f"learning_rate must be a finite number > 0, got {learning_rate}"
+    ):
+        jaxloops.sgd_update(params, grads, learning_rate)

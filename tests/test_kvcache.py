@@ -2,6 +2,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.layout import Layout
 
 import jaxloops
 from conftest import normal
@@ -46,7 +47,26 @@ def test_allocated_cache_bytes_equal_the_formula(kv_heads, dtype):
     )
     assert len(cache) == 3  # one {"key", "value"} per layer
     assert cache[2]["key"].shape == cache[2]["value"].shape == (5, kv_heads, 11, 9)  # (B, K, S, H)
-    assert measure.allocated_bytes(cache) == expected
+    leaves = jax.tree.leaves(cache)
+    assert sum(leaf.nbytes for leaf in leaves) == expected
+    # What the device allocates: the formula's arrays as their layout stores them (a CPU:
+    # the same bytes; a TPU: the minor-most dims padded to its tiles).
+    laid_out = [measure.laid_out_bytes(leaf.shape, dtype, leaf.format.layout) for leaf in leaves]
+    assert measure.allocated_bytes(cache) == sum(laid_out)
+
+
+def test_laid_out_bytes_pad_the_minor_dims_to_the_first_tile():
+    shape = (5, 7, 11, 9)  # (B, K, S, H)
+    assert measure.laid_out_bytes(shape, jnp.float32, Layout((0, 1, 2, 3), ())) == 4 * 3465
+    # The layout a TPU v5e gave the float32 cache above (1,105,920 bytes for its 6 arrays):
+    # K and S minor-most, in tiles of 8 sublanes by 128 lanes.
+    tpu = Layout((0, 3, 1, 2), ((8, 128),))
+    assert measure.laid_out_bytes(shape, jnp.float32, tpu) == 5 * 9 * 8 * 128 * 4 == 1105920 // 6
+    # A second tile subdivides the first (bfloat16's pairs): no more padding.
+    bf16 = Layout((0, 3, 1, 2), ((8, 128), (2, 1)))
+    assert measure.laid_out_bytes(shape, jnp.bfloat16, bf16) == 5 * 9 * 8 * 128 * 2
+    # A tile longer than the rank pads the missing dims too: a vector fills a whole tile.
+    assert measure.laid_out_bytes((7,), jnp.float32, Layout((0,), ((8, 128),))) == 4096
 
 
 def test_cache_refuses_a_zero_size():
@@ -158,7 +178,11 @@ def test_decode_tokens_writes_the_donated_cache_in_place(batch, kv_heads):
     cache = jax.ShapeDtypeStruct((batch, kv_heads, slots, head_dim), jnp.float32)
     compiled = jaxloops.decode_tokens.lower(queries, new, new, cache, cache, 0).compile()
     memory = compiled.memory_analysis()
-    cache_bytes = batch * kv_heads * slots * head_dim * 4
+    # The cache's bytes as the program lays its parameters out (a TPU pads them to its tiles).
+    (_, _, _, key_format, value_format, _), _ = compiled.input_formats
+    cache_bytes = measure.laid_out_bytes(cache.shape, cache.dtype, key_format.layout)
+    assert cache_bytes >= batch * kv_heads * slots * head_dim * 4
+    assert value_format.layout == key_format.layout
     assert memory.alias_size_in_bytes == 2 * cache_bytes  # outputs reuse the donated buffers
     assert memory.temp_size_in_bytes < cache_bytes  # no copy of the cache anywhere
 
@@ -276,3 +300,15 @@ def test_sizes_below_one_are_refused_by_name():
     tokens = np.zeros((2, 5, 1, 4), np.float32)  # T = 5 > S = 3
     with pytest.raises(ValueError, match="5 tokens cannot fit a cache of 3 slots"):
         jaxloops.decode_tokens(tokens, tokens, tokens, cache, cache, 0)
+
+
+def test_decode_tokens_refuses_a_known_start_past_the_cache_before_compiling():
+    # Inside the compiled loop `start` is traced and `dynamic_update_slice` would clamp it:
+    # start 5 with 4 tokens in 7 slots would write slots 3..6 and decode from the wrong ones.
+    cache = np.zeros((2, 1, 7, 3), np.float32)  # (B, K, S, H)
+    tokens = normal((2, 4, 1, 3), 3)  # (B, T, N, H), T = 4
+    for start in (4, 5, -1):
+        with pytest.raises(ValueError, match=rf"start {start} does not fit 4 new tokens"):
+            jaxloops.decode_tokens(tokens, tokens, tokens, cache, cache.copy(), start)
+    out, *_ = jaxloops.decode_tokens(tokens, tokens, tokens, cache, cache.copy(), 3)
+    assert out.shape == tokens.shape

@@ -166,6 +166,7 @@ def test_fit_calls_its_hook_after_each_call_and_records_what_it_returns(digits, 
         (dict(batch_size=0, epochs=1), "batch size 0"),
         (dict(batch_size=128, epochs=2, start_epoch=3), "start_epoch 3"),
         (dict(batch_size=128, epochs=2, epochs_per_call=0), "epochs_per_call"),
+        (dict(batch_size=128, epochs=0), "epochs must be >= 1, got 0"),
     ],
 )
 def test_fit_rejects_bad_arguments_by_name(digits, key, kwargs, match):

@@ -21,6 +21,24 @@ def test_a_matmul_kernel_has_its_flops_and_bytes():
     assert not matmul.backward
 
 
+def test_a_tpus_matmuls_written_as_convolutions_have_their_flops():
+    from test_measure_compiled import tpu_text  # programs as a TPU v5e compiled them
+
+    (matmul,) = [k for k in breakdown.kernels_of(tpu_text("sin_then_matmul")) if k.flops]
+    assert matmul.name == "fusion" and matmul.flops == 2 * 3 * 5 * 7
+    assert matmul.bytes == 4 * (3 * 5 + 5 * 7 + 3 * 7)  # both operands and the result
+    # Attention's two products, each B K G T S H multiply-adds; a batch of 3 heads folded into
+    # a spatial dim of a window over a dilated input, whose other taps meet only padding.
+    flops = [k.flops for k in breakdown.kernels_of(tpu_text("naive_attention")) if k.flops]
+    assert flops == [2 * 3 * 24 * 24 * 8] * 2
+    # Without the dilation the 3 windows (stride 2) over the 3 heads meet 3 + 1 + 0 of them:
+    # 4 / 3 of the FLOPs. Only the taps that meet the input count.
+    undilated = tpu_text("naive_attention").replace(" lhs_dilate=3", "")
+    assert [k.flops for k in breakdown.kernels_of(undilated) if k.flops] == [
+        f * 4 / 3 for f in flops
+    ]
+
+
 def test_no_entry_raises():
     with pytest.raises(ValueError, match="no ENTRY computation"):
         breakdown.kernels_of("HloModule m")

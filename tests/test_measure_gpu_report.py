@@ -60,21 +60,6 @@ def test_a_missing_row_is_reported_with_its_reason():
     assert goals[0]["met"] is False and goals[1]["met"] is False
 
 
-def test_check_run_lists_every_problem():
-    results = sample()
-    assert gpu_report.check_run(results) == []
-    results["stages"]["book"] = {"status": "timeout", "seconds": 210.0, "detail": "exit 124"}
-    del results["stages"]["sweeps"]
-    results["attention"][0]["shortest_sample_seconds"] = 1e-4  # under half of the 1 ms floor
-    results["failures"].append({"where": "ceiling bf16", "error": "XlaRuntimeError: boom"})
-    assert gpu_report.check_run(results) == [
-        "stage 'sweeps' has no record",
-        "stage 'book': timeout: exit 124",
-        "attention row naive bfloat16 8192 False: a sample of 0.0001 s",
-        "failure in ceiling bf16: XlaRuntimeError: boom",
-    ]
-
-
 def test_sidebars_and_plot_show_the_recorded_rows(plt):
     results = gpu_report.load_results(SAMPLE)
     text = gpu_report.sidebar(results, "attention")
@@ -101,10 +86,6 @@ def test_bad_results_files_are_refused_with_what_is_wrong(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         gpu_report.load_results(path)
-    results = sample()
-    results["facts"]["rehearsal"] = True
-    with pytest.raises(ValueError, match="--rehearse pipeline check"):
-        gpu_report.check_results(results)
     results = sample()
     results["stages"]["book"]["status"] = "finished"
     with pytest.raises(ValueError, match="stage 'book' has status 'finished'"):

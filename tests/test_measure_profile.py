@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxloops import measure
+from jaxloops import measure, workers
 from jaxloops.measure.profile import HOST_WORK, Span
 
 
@@ -90,7 +90,7 @@ def test_trace_spans_keeps_the_shortest_of_its_tries():
 
 _TRACE_IN_A_CHILD = """
 import json, time, jax, jax.numpy as jnp
-from jaxloops import measure
+from jaxloops import measure, workers
 from jaxloops.measure import profile
 step = jax.jit(lambda a: a + 1)
 x = step(jnp.ones(3))
@@ -115,8 +115,13 @@ def test_the_host_thread_is_found_when_the_interpreter_is_called_python3():
     python3 = pathlib.Path(sys.executable).with_name("python3")
     if not python3.exists():
         pytest.skip(f"no {python3} beside this interpreter")
+    # On the CPU: a TPU chip that this process holds cannot be opened by a second one.
     done = subprocess.run(
-        [str(python3), "-c", _TRACE_IN_A_CHILD], capture_output=True, text=True, check=False
+        [str(python3), "-c", _TRACE_IN_A_CHILD],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=workers.cpu_env(1),
     )
     assert done.returncode == 0, done.stderr[-2000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])

@@ -7,7 +7,7 @@ import pytest
 
 from backend_marks import xla_cpu_only
 from conftest import normal
-from jaxloops import step_speed
+from jaxloops.measure import step_speed
 
 TINY = (1, 8, 2, 1, 12, 5, 3)  # L, D, N, K, F, T, B
 
@@ -41,19 +41,6 @@ def test_the_breakdown_groups_every_matmul_of_the_step(programs):
     assert all(g["predicted"] > 0 for g in groups.values() if g["bytes"])
 
 
-def test_summary_adds_up_the_groups_and_names_the_furthest_above_its_prediction():
-    groups = {
-        "matmul: MLP": {"seconds": 3.0, "predicted": 2.5, "flops": 10.0},
-        "attention": {"seconds": 2.0, "predicted": 0.5, "flops": 4.0},
-        "norms": {"seconds": 1.0, "predicted": 0.9, "flops": 0.0},
-    }
-    told = step_speed.summary({}, groups)
-    assert told["traced"] == 6.0 and told["predicted"] == pytest.approx(3.9)
-    assert told["matmul_share"] == 0.5 and told["dot_flops"] == 14.0
-    assert told["worst"] == "attention"  # 1.5 s above, not the largest time (matmul: MLP)
-    assert (told["worst_traced"], told["worst_predicted"]) == (2.0, 0.5)
-
-
 def test_the_textbook_control_computes_what_attention_computes():
     from jaxloops.attention import attention, attention_rounding_bound, textbook_attention
 
@@ -85,21 +72,6 @@ def test_the_textbook_control_computes_what_attention_computes():
 def test_step_seconds_times_each_program_by_name(programs):
     seconds = step_speed.step_seconds({"a": programs, "b": programs}, rounds=1)
     assert set(seconds) == {"a", "b"} and all(s > 0 for s in seconds.values())
-
-
-def test_against_control_states_the_speedup_and_the_predicted_saving():
-    groups = {
-        "attention": {"seconds": 2.0, "predicted": 0.5},
-        "norms": {"seconds": 1.0, "predicted": 0.2},
-    }
-    control = {
-        "attention": {"seconds": 5.0, "predicted": 1.5},
-        "norms": {"seconds": 1.0, "predicted": 0.2},
-    }
-    told = step_speed.against_control({"attention": 4.0, "textbook": 6.0}, groups, control)
-    assert told["speedup"] == 1.5 and told["saved"] == 2.0 and told["control_step"] == 6.0
-    assert told["saved_predicted"] == pytest.approx(1.0)  # 1.7 - 0.7: control minus ours
-    assert (told["attention_traced"], told["control_attention_traced"]) == (2.0, 5.0)
 
 
 @xla_cpu_only("the step writes device memory, not fresh host pages (0 faults)")
@@ -139,50 +111,6 @@ def test_huge_pages_contrast_needs_glibc_2_35_and_madvise_mode(monkeypatch, tmp_
     assert "not glibc >= 2.35 (glibc 2.31)" in step_speed.huge_pages_contrast()
     monkeypatch.setattr(step_speed.platform, "libc_ver", lambda: ("", ""))
     assert "unknown" in step_speed.huge_pages_contrast()
-
-
-def test_the_page_fault_findings_fail_each_claim_that_the_figures_contradict():
-    temp = 4096 * 1000  # 1,000 pages of temporaries
-    small = {"faults": 1000.0, "seconds": {"step": 0.010}, "of_ceiling": 0.3,
-             "gradient_over_forward": 5.0}  # fmt: skip
-    huge = {**small, "faults": 20.0, "seconds": {"step": 0.008}, "of_ceiling": 0.4}
-    kept = {**small, "faults": 0.0, "seconds": {"step": 0.007}, "gradient_over_forward": 3.0}
-    runs = {"4 KiB pages": small, "huge pages": huge, "memory kept": kept}
-    failed, paragraph = step_speed.allocator_findings(1000.0, temp, runs)
-    assert failed == [] and "1,000 times" in paragraph and "20 faults" in paragraph
-    assert "20 faults and 0.0080 s (40%)" in paragraph  # reported, not claimed
-    assert "allocator took 30% of the" in paragraph and "0 faults and 0.0070 s" in paragraph
-    assert len(step_speed.allocator_findings(3000.0, temp, runs)[0]) == 1  # 3 per page
-    slower = {**runs, "huge pages": {**huge, "seconds": {"step": 0.0105}}}
-    assert step_speed.allocator_findings(1000.0, temp, slower)[0] == []  # time not claimed
-    for kind, wrong in [
-        ("huge pages", {"faults": 200.0}),  # only 5x fewer
-        ("memory kept", {"faults": 1000.0}),  # as many: memory handed back
-        ("memory kept", {"seconds": {"step": 0.0099}}),
-        ("memory kept", {"gradient_over_forward": 5.2}),  # more than the default's 5.0
-    ]:
-        assert (
-            len(
-                step_speed.allocator_findings(
-                    1000.0, temp, {**runs, kind: {**runs[kind], **wrong}}
-                )[0]
-            )
-            == 1
-        )
-
-
-def test_the_goal_findings_fail_each_goal_the_figures_miss_on_two_free_cores():
-    goal = {"of_ceiling": 0.6, "gradient_over_forward": 3.1, "ceiling": 2e11, "tokens_per_s": 7e3}
-    failed, sentence = step_speed.goal_findings(goal, 1.97, 2)
-    assert failed == [] and "60% of the 200 GFLOP/s" in sentence and "both goals met" in sentence
-    for wrong in ({"of_ceiling": 0.44}, {"gradient_over_forward": 3.61}, {"of_ceiling": 1.1}):
-        assert len(step_speed.goal_findings({**goal, **wrong}, 1.97, 2)[0]) == 1, wrong
-    # One core busy (free_cores read 1.06 in a busy build): the goals are not checked, the
-    # ceiling still is, and the sentence says why.
-    failed, sentence = step_speed.goal_findings({**goal, "of_ceiling": 0.4}, 1.06, 2)
-    assert failed == [] and "1.06 of 2 cores free" in sentence and "only that" in sentence
-    assert len(step_speed.goal_findings({**goal, "of_ceiling": 1.1}, 1.06, 2)[0]) == 1
-    assert step_speed.goal_findings({**goal, "of_ceiling": 0.4}, 7.9, 8)[0] == []  # not 2 cores
 
 
 def test_an_unknown_allocator_is_refused_by_name():

@@ -134,31 +134,29 @@ def test_fit_against_bare_epoch_counts_the_steps_of_both(digits, key):
     assert not params["dense_0"]["w"].is_deleted()  # copies were donated, not the caller's
 
 
-def test_paired_ratio_divides_out_a_slow_round():
-    samples = {"a": [2.0, 20.0, 2.2], "b": [1.0, 10.0, 2.0]}  # round 2: the machine was slow
-    assert measure.paired_ratio(samples, "a", "b") == 2.0  # per round 2, 2 and 1.1
-    assert measure.paired_ratio(samples, "b", "a") == 0.5
-    with pytest.raises(ValueError, match="same number of samples"):
-        measure.paired_ratio({"a": [1.0], "b": []}, "a", "b")
-
-
 def test_interleaved_with_core_shares_times_every_run_each_round():
     runs = {"a": lambda: jnp.ones(3), "b": lambda: jnp.zeros(3)}
     samples, shares = measure.interleaved_with_core_shares(runs, _device_work, rounds=3)
     assert [len(v) for v in samples.values()] == [3, 3] and all(0.0 <= x <= 1.0 for x in shares)
 
 
-def test_turns_verdict_rejects_overlap_always_and_a_slow_hand_off_only_with_two_free_cores():
+def test_turns_verdict_rejects_overlap_by_its_prediction_and_a_slow_hand_off_with_two_cores():
     h = d = 1e-3
-    assert measure.turns_verdict(2.1e-3, h, d, cores=1.97, band=0.4) == ([], mock.ANY)
-    # Known-wrong: a step that overlapped (max(h, d)) fails on any machine ...
+    overlapped = 1.38e-3  # 0.69 x (h + d), as shares below 1 predict: the floor is 0.845
+    assert measure.turns_verdict(2.1e-3, h, d, 1.97, 0.4, overlapped) == ([], mock.ANY)
+    # Known-wrong: a step that overlapped as predicted fails on any machine, and so does one
+    # at 0.6 x (h + d), which a fixed floor of 1 - band = 0.6 let pass.
     for cores in (1.97, 1.05):
-        failed, _ = measure.turns_verdict(1e-3, h, d, cores=cores, band=0.4)
-        assert failed == ["a step overlapped: 0.50x h + d < 0.6"]
-    # ... a hand-off 1.5x h + d fails with two cores free, and is only reported with one.
-    failed, sentence = measure.turns_verdict(3e-3, h, d, cores=1.97, band=0.4)
+        for every in (overlapped, 1.2e-3):
+            failed, _ = measure.turns_verdict(every, h, d, cores, 0.4, overlapped)
+            assert len(failed) == 1 and "nearer the overlapped 0.69 than 1" in failed[0]
+    # Where overlap would gain under a fifth, the two are not told apart, and it is said.
+    failed, sentence = measure.turns_verdict(1.7e-3, h, d, 1.05, 0.4, 1.9e-3)
+    assert failed == [] and sentence.startswith("on neither side here; it cannot tell")
+    # A hand-off 1.5x h + d fails with two cores free, and is only reported with one.
+    failed, sentence = measure.turns_verdict(3e-3, h, d, 1.97, 0.4, overlapped)
     assert failed == ["a step took 1.50x h + d > 1.4, 1.97 cores free"]
-    failed, sentence = measure.turns_verdict(3e-3, h, d, cores=1.2, band=0.4)
+    failed, sentence = measure.turns_verdict(3e-3, h, d, 1.2, 0.4, overlapped)
     assert failed == [] and "found 1.20" in sentence
     with pytest.raises(ValueError, match="0 < band < 1"):
-        measure.turns_verdict(3e-3, h, d, cores=2.0, band=1.5)
+        measure.turns_verdict(3e-3, h, d, 2.0, 1.5, overlapped)

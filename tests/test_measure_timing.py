@@ -132,6 +132,16 @@ def test_a_fresh_process_writes_the_persistent_cache(tmp_path):
     assert any(tmp_path.iterdir())  # the compiled programs were stored for the next process
 
 
+def test_a_host_callback_program_asks_the_cache_and_is_never_stored(tmp_path):
+    first = measure.callback_cache_counts(tmp_path)
+    second = measure.callback_cache_counts(tmp_path)
+    # The control: the plain program is stored, then loaded by the next process.
+    assert first["plain"] == {"requests": 1, "hits": 0, "writes": 1}
+    assert second["plain"] == {"requests": 1, "hits": 1, "writes": 0}
+    # The callback program is requested by both processes, compiled by both, stored by none.
+    assert first["callback"] == second["callback"] == {"requests": 1, "hits": 0, "writes": 0}
+
+
 def test_the_suite_cache_report_sums_the_processes_and_counts_the_entries(tmp_path):
     reports, cache = tmp_path / "report", tmp_path / "cache"
     assert measure.suite_cache_report(reports, cache) is None  # no test run: nothing to say
@@ -146,3 +156,22 @@ def test_the_suite_cache_report_sums_the_processes_and_counts_the_entries(tmp_pa
     (reports / "gw2.json").write_text('{"requests": 1}')
     with pytest.raises(ValueError, match="gw2.json"):
         measure.suite_cache_report(reports, cache)
+
+
+def test_paired_ratio_divides_out_a_slow_round():
+    samples = {"a": [2.0, 20.0, 2.2], "b": [1.0, 10.0, 2.0]}  # round 2: the machine was slow
+    assert measure.paired_ratio(samples["a"], samples["b"]) == 2.0  # per round 2, 2 and 1.1
+    assert measure.paired_ratio(samples["b"], samples["a"]) == 0.5
+    # The ratio of medians (2.2 / 2.0 = 1.1) is what the pairing avoids: a wrong statistic fails.
+    assert measure.paired_ratio(samples["a"], samples["b"]) != 2.2 / 2.0
+    with pytest.raises(ValueError, match="same length"):
+        measure.paired_ratio([1.0], [])
+
+
+def test_a_claim_holds_in_the_worst_of_its_paired_rounds_or_not_at_all():
+    fast, slow = [1.0, 10.0, 1.1], [2.0, 20.0, 1.0]  # round 3: "fast" lost
+    assert measure.worst_paired_ratio(fast, slow) == 1.1  # not faster in every round
+    assert measure.paired_ratio(fast, slow) == 0.5  # the median alone would have said so
+    assert measure.worst_paired_ratio(fast[:2], slow[:2]) == 0.5
+    with pytest.raises(ValueError, match="same length"):
+        measure.worst_paired_ratio([1.0], [])

@@ -10,7 +10,7 @@ import pytest
 import memory_model
 from conftest import SMALL_TRANSFORMER
 from jaxloops import memory
-from jaxloops.measure import memory as measured
+from jaxloops.measure import step_memory as measured
 from memory_model import B, T
 
 
@@ -113,8 +113,14 @@ def test_remat_under_the_scan_keeps_less():
 
 def test_the_scanned_program_does_not_grow_with_layers_and_the_unrolled_one_does():
     rows = measured.compile_sweep(SMALL_TRANSFORMER, B, T, (2, 3))
-    assert measured.growth(rows, "scanned", "instructions") == 1
-    assert measured.growth(rows, "unrolled", "instructions") > 1.25  # 3 blocks' code, not 2
+    added = {
+        kind: measured.growth(rows, kind, "instructions") - 1 for kind in ("scanned", "unrolled")
+    }
+    assert added["unrolled"] > 0.25  # 3 blocks' code, not 2
+    # The scanned program holds one block's code whatever L: a third block adds none of it.
+    # (XLA:CPU's program is the same; a TPU v5e's, 1.6 % larger at L = 3, its layouts chosen
+    # per shape: a tenth of a block is the margin.)
+    assert added["scanned"] < added["unrolled"] / 10
     assert all(r["compile s"] > 0 for r in rows)
 
 
@@ -209,3 +215,20 @@ def test_a_gpu_run_without_bf16_steps_records_no_row():
     assert measured.recorded_bf16_steps({"device": "NVIDIA H200"}) is None
     rows = [{"dtype": "bfloat16", "step ms": 1.5}]
     assert measured.recorded_bf16_steps({"memory_steps": rows}) == rows
+
+
+def test_the_census_counts_each_array_once_where_scores_and_hidden_have_one_size():
+    # N * T = F: the (B, N, T, S) weights and the (B, T, F) hidden layer have the same size.
+    # Counted by size (the census before), every such array was counted in both, so its
+    # check that more than one score-sized array is saved per block could not fail.
+    length, batch = 7, 3
+    config = dataclasses.replace(
+        SMALL_TRANSFORMER, model_dim=6, num_heads=2, num_kv_heads=1, hidden_dim=2 * length,
+        max_len=length,
+    )  # fmt: skip
+    census = measured.residual_census(config, batch, length)
+    shapes = [s for _, s, _ in measured.saved_residuals(config, batch, length)]
+    same_size = sum(math.prod(s) == batch * 2 * length**2 for s in shapes)
+    assert (census["scores"] + census["hidden"]) * config.num_layers == same_size
+    assert census["scores"] == 1  # the exponentials `attention` mixes the values with
+    assert census["hidden"] > 2

@@ -9,7 +9,7 @@ import jaxloops
 import memory_model
 from conftest import SMALL_TRANSFORMER
 from jaxloops import accumulate, memory
-from jaxloops.measure import memory as measured
+from jaxloops.measure import step_memory as measured
 from memory_model import B, T
 
 

@@ -6,6 +6,7 @@ from jax.experimental import checkify
 
 import jaxloops
 from conftest import normal
+from jaxloops import equivalence
 
 # Jitted once for the module: one compiled program per shape instead of one per eager
 # operation and shape. The tests that check what an eager call refuses call the package.
@@ -37,13 +38,30 @@ def test_bad_sizes_are_rejected(key):
         jaxloops.init_mlp(key, (5,))
 
 
+def cross_entropy_bound(logits, labels) -> float:
+    """The largest error this backend's rounding explains in `cross_entropy` (eps: one
+    operation's relative error, `equivalence.backend_eps`). Per row, lse = m + log s with
+    s = sum of C exp(z - m) <= 1 each: the exponentials and their sum err by C eps relative to
+    s, which the log turns into as much absolute; the log adds eps |log s|; m + log s and
+    z_y - lse add eps (|m| + |log s| + |z_y|). The mean over rows adds eps |loss|."""
+    z = np.asarray(logits, np.float64)
+    m = z.max(-1)
+    log_s = np.log(np.exp(z - m[:, None]).sum(-1))
+    z_y = np.take_along_axis(z, np.asarray(labels)[:, None], -1)[:, 0]
+    rows = z.shape[-1] + 2 * np.abs(log_s) + np.abs(m) + np.abs(z_y)
+    return float(equivalence.backend_eps() * (rows.max() + abs((m + log_s - z_y).mean())))
+
+
 def test_cross_entropy_matches_log_softmax_and_is_stable():
     logits = np.array([[1.0, 2.0, 3.0], [0.5, -1.0, 4.0]], np.float32)
     labels = np.array([2, 0], np.int32)
     # The reference in float64 NumPy: log_softmax(z) = z - log(sum(exp(z))).
     log_softmax = lambda z: z - np.log(np.exp(np.float64(z)).sum())
     expected = -np.mean([log_softmax(logits[0])[2], log_softmax(logits[1])[0]])
-    np.testing.assert_allclose(cross_entropy(logits, labels), expected, rtol=1e-6)
+    bound = cross_entropy_bound(logits, labels)
+    assert abs(float(cross_entropy(logits, labels)) - expected) <= bound
+    wrong = float(cross_entropy(logits, (labels + 1) % 3))  # each label one class off
+    assert abs(wrong - expected) > 100 * bound
     # Shifting every logit by a huge constant changes nothing (no overflow to inf/nan).
     np.testing.assert_allclose(cross_entropy(logits + 1e4, labels), expected, atol=2e-3)
     assert np.isfinite(cross_entropy(logits * 1e4, labels))
@@ -62,7 +80,7 @@ def test_checked_loss_raises_on_a_bad_label_where_the_unchecked_one_gives_nan():
         error.throw()
     error, loss = checked_cross_entropy(logits, bad % 5)
     assert error.get() is None
-    np.testing.assert_allclose(loss, np.log(5), rtol=1e-6)
+    assert abs(float(loss) - np.log(5)) <= cross_entropy_bound(logits, bad % 5)
 
 
 def test_init_mlp_names_sizes_that_are_not_a_tuple_of_ints(key):

@@ -41,19 +41,51 @@ def test_no_module_imports_a_private_name_of_another():
                 assert not private, f"{path.relative_to(ROOT)} imports {private} from {node.module}"
 
 
+def page_import_problems(chapter: str, text: str) -> list[str]:
+    """The import lines of chapter `chapter` (its file name's stem) that break the style:
+    `import jaxloops` and `from jaxloops import <module>` for the lesson, `from
+    jaxloops.measure import <module>` for an instrument, `from jaxloops.pages import check,
+    glue_all`, `from jaxloops.pages import goals` (the goals the issues set, one table),
+    and `from jaxloops.pages import <this chapter's page module> as page`; never `from
+    jaxloops.x import name`, and never another chapter's page module."""
+    allowed = re.compile(
+        r"^(import jaxloops|from jaxloops(\.measure)? import [a-z_]+(, [a-z_]+)*"
+        r"|from jaxloops\.pages import (check|glue_all|goals)(, glue_all)?"
+        r"|from jaxloops\.pages import (ch\w+) as page)$"
+    )
+    problems = []
+    for line in text.splitlines():
+        stripped = line.split("#")[0].strip()
+        if not re.match(r"^(from|import) jaxloops\b", stripped):
+            continue
+        match = allowed.match(stripped)
+        if not match or match.group(6) not in (None, f"ch{chapter}"):
+            problems.append(stripped)
+            continue
+        module = stripped.split(" import ")[0].removeprefix("from ")
+        for name in stripped.split(" import ")[-1].split(", ") if match.group(2) is None else ():
+            if stripped.startswith("from jaxloops import") or stripped.startswith(
+                "from jaxloops.measure import"
+            ):
+                # A submodule, not a function of the same name, whatever was imported before.
+                attribute = getattr(importlib.import_module(module), name, None)
+                if not (attribute is None or inspect.ismodule(attribute)):
+                    problems.append(stripped)
+                elif not importlib.util.find_spec(f"{module}.{name}"):
+                    problems.append(stripped)
+    return problems
+
+
 def test_chapters_use_one_import_style():
-    """`import jaxloops` and `from jaxloops import <module>`: names stay qualified
-    (`measure.time_call`, `sharding.data_mesh`); never `from jaxloops.x import name`."""
-    allowed = re.compile(r"^(import jaxloops|from jaxloops import [a-z_]+(, [a-z_]+)*)$")
+    """The lesson is `jaxloops.`, the instruments `measure.`, this page's bookkeeping `page.`:
+    names stay qualified (`measure.time_call`, `page.decode_table`)."""
     for path in sorted((ROOT / "book").glob("*.md")):
-        for line in path.read_text().splitlines():
-            stripped = line.strip()
-            if re.match(r"^(from|import) jaxloops\b", stripped):
-                assert allowed.match(stripped), f"{path.name}: {stripped}"
-                for name in stripped.removeprefix("from jaxloops import ").split(", "):
-                    if stripped.startswith("from"):
-                        # A submodule, not a top-level function of the same name, whatever
-                        # the tests imported before this one.
-                        attribute = getattr(jaxloops, name, None)
-                        assert attribute is None or inspect.ismodule(attribute), name
-                        assert importlib.util.find_spec(f"jaxloops.{name}"), f"{path.name}: {name}"
+        assert page_import_problems(path.stem, path.read_text()) == [], path.name
+    # A name imported from a module, and another chapter's page module, are refused.
+    good = "from jaxloops import measure\nfrom jaxloops.pages import ch10_heads_and_cache as page"
+    assert page_import_problems("10_heads_and_cache", good) == []
+    assert page_import_problems("10_heads_and_cache", "from jaxloops.attention import attention")
+    assert page_import_problems("09_causal", good) == [good.splitlines()[1]]
+    assert page_import_problems("01_watching_jax", "from jaxloops import fit") == [
+        "from jaxloops import fit"
+    ]

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from jaxloops import sharding
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -34,7 +36,9 @@ assert x == 2, "x is not 2"
 """
 
 
-MODES = pytest.mark.parametrize("mode", [[], ["--in-process"]], ids=["kernel", "in-process"])
+NO_TCP = sharding.no_tcp_reason()  # a Jupyter kernel talks to its client over TCP
+KERNEL = pytest.param([], id="kernel", marks=pytest.mark.skipif(bool(NO_TCP), reason=str(NO_TCP)))
+MODES = pytest.mark.parametrize("mode", [KERNEL, pytest.param(["--in-process"], id="in-process")])
 
 
 @MODES

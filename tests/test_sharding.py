@@ -73,7 +73,23 @@ def test_collectives_of_each_strategy(report):
     assert twin["all-reduce"][1] == dp["all-reduce"][1]
 
 
+def skip_without_processes(report):
+    """The two-process run needs TCP (`sharding.no_tcp_reason`): a machine that allows none
+    cannot run it, and says why."""
+    if report["processes_skipped"]:
+        pytest.skip(report["processes_skipped"])
+
+
+def test_a_machine_without_tcp_is_named_as_such(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError(97, "Address family not supported by protocol")
+
+    monkeypatch.setattr(sharding.socket, "socket", refuse)
+    assert "Address family not supported" in sharding.no_tcp_reason()
+
+
 def test_two_processes_train_the_same_parameters_as_one(report):
+    skip_without_processes(report)
     # Not bit for bit: gloo sums the devices' partial gradients in its own order.
     assert report["process_diff"] <= 1e-5, report["process_diff"]
 
@@ -81,6 +97,7 @@ def test_two_processes_train_the_same_parameters_as_one(report):
 def test_the_two_processes_checkpoint_restores_here_into_either_strategy(report):
     """Saved together by two processes (data parallel), restored onto this process's 8
     devices as data parallel and as FSDP: parameters and optimizer state identical."""
+    skip_without_processes(report)
     dp, fsdp_ = report["restored"]["dp"], report["restored"]["fsdp"]
     assert dp["differing"] == [] and fsdp_["differing"] == []
     assert dp["arrays"] == fsdp_["arrays"] > 6  # the 6 parameters and Adam's state

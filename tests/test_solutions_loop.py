@@ -10,7 +10,7 @@ import pytest
 
 import jaxloops
 from conftest import normal
-from jaxloops import measure
+from jaxloops import equivalence, measure
 from jaxloops.solutions import loop as exercises
 
 # The package's functions, jitted once for the whole module: one compiled program per shape
@@ -140,12 +140,44 @@ def test_momentum_by_hand_equals_optax_sgd_with_momentum(key):
     )
 
 
+def adamw_rounding_bound(path, b1=0.9, b2=0.999):
+    """Per parameter: how far two float32 AdamW runs through the parameters `path` (p_0, ...,
+    p_T, one per step) can drift apart by rounding alone.
+
+    Step t divides the moments by 1 - b^t. Where b^t errs by d relative (b = 0.999: a
+    device's pow, in optax; a Python float, by hand), 1 - b^t errs by d b^t / (1 - b^t): 999 d
+    at t = 1 for b2. So the update m_hat / (sqrt(v_hat) + eps) errs by r_t = k1 d1 + k2 d2 / 2
+    plus 8 roundings (the moments, the two divisions, the square root, the sum, the product
+    with the learning rate): |p_t - p_(t-1)| r_t per step, and eps |p_t| for the subtraction.
+    eps is this backend's (`equivalence.backend_eps`); d is the larger of eps and the error
+    of `b ** count` on the device, measured as optax computes it (an int32 count).
+    """
+    eps = equivalence.backend_eps()
+    count = np.arange(1, len(path), dtype=np.int32)
+    d = {}
+    for b in (b1, b2):
+        device = np.asarray(jax.jit(lambda t, b=b: b**t)(count), np.float64)
+        exact = np.float64(np.float32(b)) ** count.astype(np.float64)
+        d[b] = max(eps, float((np.abs(device - exact) / exact).max()))
+    bound = jax.tree.map(lambda p: np.zeros(np.shape(p)), path[0])
+    for t in range(1, len(path)):
+        k1, k2 = (b**t / (1 - b**t) for b in (b1, b2))
+        r = k1 * d[b1] + k2 * d[b2] / 2 + 8 * eps
+        bound = jax.tree.map(
+            lambda acc, p, q, r=r: acc + r * np.abs(np.asarray(q, np.float64) - p)
+            + eps * np.abs(np.asarray(q, np.float64)),
+            bound, path[t - 1], path[t],
+        )  # fmt: skip
+    return bound
+
+
 # Chapter 5.
 def test_adamw_by_hand_equals_make_optimizer(key):
     params = jaxloops.init_mlp(key, (5, 7, 3))
     optimizer = jaxloops.make_optimizer(1e-2, 0.1)
     opt_state, update = optimizer.init(params), jax.jit(optimizer.update)
-    by_hand = params
+    by_hand = no_decay = ascent = params
+    path = [jax.tree.map(np.asarray, params)]
     state = (0, jax.tree.map(np.zeros_like, params), jax.tree.map(np.zeros_like, params))
     for step in range(3):
         grads = jax.tree.map(lambda p, step=step: np.cos(np.asarray(p) * (step + 2)), by_hand)
@@ -153,10 +185,17 @@ def test_adamw_by_hand_equals_make_optimizer(key):
         params = apply_updates(params, updates)
         t, m, v = state
         by_hand, (_, m, v) = adamw_update(t, by_hand, grads, m, v, 1e-2, 0.1)
+        # Two wrong rules on the same moments: no weight decay; a step up the gradient.
+        no_decay, _ = adamw_update(t, no_decay, grads, *state[1:], 1e-2, 0.0)
+        ascent, _ = adamw_update(t, ascent, grads, *state[1:], -1e-2, -0.1)
         state = (t + 1, m, v)
-    jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), by_hand, params
-    )
+        path.append(jax.tree.map(np.asarray, by_hand))
+    bound = adamw_rounding_bound(path)
+    assert equivalence.worst_ratio(by_hand, params, bound) <= 1
+    assert equivalence.worst_ratio(ascent, params, bound) > 100
+    # Without the decay, the matrices move by lr wd |p| a step: outside the bound too (by
+    # 3,000 times on a CPU; by less where a backend's rounding widens it).
+    assert equivalence.worst_ratio(no_decay, params, bound) > 1
 
 
 def test_clipping_rescales_large_gradients_and_leaves_small_ones(key):

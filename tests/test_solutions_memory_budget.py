@@ -1,4 +1,4 @@
-"""Chapter 14's exercise answers (jaxloops.solutions.memory)."""
+"""Chapter 14's exercise answers (jaxloops.solutions.memory_budget)."""
 
 import pytest
 

@@ -1,8 +1,8 @@
 """The model and the Grain iterator in one checkpoint; a run killed mid-epoch resumes bit
 for bit (chapter 15).
 
-The GPU machine's Python has no grain (it is not among the wheels carried to it:
-scripts/fetch_wheels.sh), so `pytest.importorskip` skips this module in its suite.
+Where grain is not installed, `pytest.importorskip` skips this module (the device run carries
+its wheel: scripts/device_run.py, setup).
 """
 
 import concurrent.futures

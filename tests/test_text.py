@@ -99,3 +99,11 @@ def test_empty_windows_are_refused_by_value():
         sample_windows(jax.random.key(0), tokens, 3, 0, 5)
     with pytest.raises(ValueError, match="cannot cut 2 windows of 0"):
         spaced_windows(tokens, 0, 2)
+
+
+def test_windows_refuse_tokens_that_are_not_one_stream():
+    rows = np.zeros((3, 50), np.int32)  # (B, n): its rows would be cut as tokens
+    with pytest.raises(ValueError, match=r"one stream \(n,\), got shape \(3, 50\)"):
+        sample_windows(jax.random.key(0), rows, 2, 3, 5)
+    with pytest.raises(ValueError, match=r"one stream \(n,\), got shape \(3, 50\)"):
+        spaced_windows(rows, 5, 3)

@@ -11,11 +11,11 @@ import pytest
 from backend_marks import xla_cpu_only
 from conftest import SMALL_TRANSFORMER
 from jaxloops.attention import attention
-from jaxloops.backend import experiment_sizes
 from jaxloops.blockwise import blockwise_attention
 from jaxloops.data import Batch
 from jaxloops.loop import make_epoch
 from jaxloops.memory import close_within, rounding_terms
+from jaxloops.sizes import experiment_sizes
 from jaxloops.text import VOCAB_SIZE, load_stdlib_corpus, sample_windows
 from jaxloops.train import make_optimizer, make_train_step
 from jaxloops.transformer import (

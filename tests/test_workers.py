@@ -12,7 +12,7 @@ import jax
 import pytest
 
 import jaxloops
-from jaxloops import workers
+from jaxloops import processes, workers
 from jaxloops.workers import cache_probe
 from jaxloops.workers import sharding as sharding_worker
 
@@ -61,6 +61,14 @@ def test_bad_sizes_and_names_are_refused():
     ]
 
 
+def test_a_device_worker_shares_a_gpu_and_leaves_a_tpu_to_this_process(monkeypatch):
+    base = {"XLA_FLAGS": "", "JAX_PLATFORMS": ""}
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert processes.device_env(base) == {**base, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")  # a chip held by one process
+    assert processes.device_env(base)["JAX_PLATFORMS"] == "cpu"
+
+
 def test_a_worker_started_without_cpu_env_says_so():
     with pytest.raises(RuntimeError, match=r"cpu_env\(7\)"):
         workers.check_cpu_devices(7)
@@ -81,8 +89,15 @@ def test_the_cache_probe_compiles_at_the_sizes_it_is_given():
 
 
 def devices_seen(env) -> list[int]:
-    """[default devices, CPU devices] of a new Python process started with `env`."""
-    code = "import jax; print(jax.device_count(), jax.device_count('cpu'))"
+    """[default devices, CPU devices] of a new Python process started with `env`, on the CPU
+    platform whatever else this machine has: the simulation is of a one-device machine on a
+    CPU, and a TPU chip that this process holds cannot be opened by a second one. The child
+    pins itself in code, not through JAX_PLATFORMS, which is how a worker escapes the
+    simulation."""
+    code = (
+        "import jax; jax.config.update('jax_platforms', 'cpu'); "
+        "print(jax.device_count(), jax.device_count('cpu'))"
+    )
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     return [int(n) for n in done.stdout.split()]

@@ -42,8 +42,10 @@ def _imported_modules(source: str, package: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # relative: from the importing module's package
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
-                                + ([base] if base else []))  # fmt: skip
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1]
+                    + ([base] if base else [])
+                )
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)
     # `import jaxloops.measure.timing` runs jaxloops and jaxloops.measure too
@@ -117,14 +119,18 @@ def _record_nodes(directive, device, chapter_stem):
     if not entry:
         return [para(f"No {device.upper()} run of this chapter is recorded yet.")]
     took = f", in {entry['seconds']:.0f} s" if entry["seconds"] else ""
-    head = (f"Executed on {run['device']} with JAX {run['jax']} on {entry.get('date', '?')}"
-            f"{took}: {entry['status']}.")  # fmt: skip
+    head = (
+        f"Executed on {run['device']} with JAX {run['jax']} on {entry.get('date', '?')}"
+        f"{took}: {entry['status']}."
+    )
     out = [para(head)]
     stale = changed(entry["manifest"])
     if stale:
         warn = nodes.warning()
-        warn += para("Stale: these files changed since this run, so its outputs may no longer "
-                     "match the code above: " + ", ".join(stale) + ".")  # fmt: skip
+        warn += para(
+            "Stale: these files changed since this run, so its outputs may no longer "
+            "match the code above: " + ", ".join(stale) + "."
+        )
         out.append(warn)
     for failure in entry.get("failures", []):
         where = "A cell" if failure["index"] is None else f"Cell {failure['index']}"
@@ -184,19 +190,30 @@ def _run_nodes(directive, device):
             continue
         stale = changed(entry["manifest"])
         cells = ", ".join(str(f["index"]) for f in entry["failures"] if f["index"] is not None)
-        rows.append((chapter.stem, entry["status"] + (f" (cells {cells})" if cells else ""),
-                     f"{entry['seconds']:.0f}" if entry["seconds"] else "", entry.get("date", ""),
-                     f"stale: {len(stale)} files changed" if stale else "current"))  # fmt: skip
+        rows.append(
+            (
+                chapter.stem,
+                entry["status"] + (f" (cells {cells})" if cells else ""),
+                f"{entry['seconds']:.0f}" if entry["seconds"] else "",
+                entry.get("date", ""),
+                f"stale: {len(stale)} files changed" if stale else "current",
+            )
+        )
     out = [nodes.paragraph(text=f"Device: {run['device']}, JAX {run['jax']}.")]
     out.append(_table(rows))
     tests = run.get("tests")
     if tests:
-        text = (f"The test suite there ({tests['date']}, one process): {tests['tests']} tests, "
-                f"{tests['failures']} failed, {tests['errors']} errors, {tests['skipped']} "
-                f"skipped, in {tests['seconds']:.0f} s.")  # fmt: skip
+        text = (
+            f"The test suite there ({tests['date']}, one process): {tests['tests']} tests, "
+            f"{tests['failures']} failed, {tests['errors']} errors, {tests['skipped']} "
+            f"skipped, in {tests['seconds']:.0f} s."
+        )
         out.append(nodes.paragraph(text=text))
-        listed = [(kind, line) for kind in ("failure", "error", "skipped")
-                  for line in tests.get(f"{kind} list", [])]  # fmt: skip
+        listed = [
+            (kind, line)
+            for kind in ("failure", "error", "skipped")
+            for line in tests.get(f"{kind} list", [])
+        ]
         if listed:
             out.append(_table([("kind", "test: reason"), *listed]))
     return out

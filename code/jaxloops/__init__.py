@@ -16,10 +16,14 @@ Where things live:
   jaxloops            the concepts a reader uses: data, models, losses, gradients, the train
                       step, the loop, evaluation, attention, the KV cache, the transformer,
                       generation, and `experiment_sizes()`.
-  jaxloops.measure    measuring: timing, the roofline, compiled programs, throughput,
-                      sweeps, page checks, machine and published chip facts.
+  jaxloops.measure    the instruments: what runs, times, compiles or traces something and
+                      returns rows (timing, the roofline, compiled programs, throughput,
+                      sweeps, machine and published chip facts).
+  jaxloops.pages      each chapter's bookkeeping: its rows turned into the page's numbers,
+                      tables, plots and checks (`pages/chNN_slug.py`, and `pages.check`).
   jaxloops.equivalence  the float32 rounding bounds that equivalence checks compare within.
-  jaxloops.workers    the processes chapters 1, 12 and 13 start (`python -m`), on the CPU.
+  jaxloops.workers    the processes chapters 1, 11, 12, 13 and 15 start (`python -m`),
+                      started through `jaxloops.processes`.
   jaxloops.sharding   the rest of chapter 12: placement, HLO collectives, multi-process runs.
   jaxloops.solutions  the answers to the chapters' exercises.
   jaxloops.memory, jaxloops.accumulate, jaxloops.precision
@@ -46,7 +50,6 @@ from jaxloops import accumulate as accumulate  # chapter 14: gradient accumulati
 from jaxloops import memory as memory  # chapter 14: remat, the scan over layers, the formula
 from jaxloops import precision as precision  # chapter 14: mixed precision, loss scaling
 from jaxloops.attention import attention, attention_weights, causal_mask
-from jaxloops.backend import experiment_sizes
 from jaxloops.blockwise import blockwise_attention, online_softmax_step
 from jaxloops.data import Batch, epoch_batches, load_digits_split, ragged_batches, to_device
 from jaxloops.evaluate import (
@@ -80,6 +83,7 @@ from jaxloops.sharding import (
     sharded_step,
     strategy_specs,
 )
+from jaxloops.sizes import experiment_sizes
 from jaxloops.text import (
     ids_to_text,
     load_stdlib_corpus,

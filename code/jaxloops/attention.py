@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxloops.rounding import backend_eps
+
 
 def check_attention_shapes(query, key, value, mask=None) -> tuple[int, ...]:
     """Checks shapes at the public boundary and returns the sizes.
@@ -77,6 +79,8 @@ def causal_mask(T: int, S: int, *, offset: int = 0):
     offset = 0 is the top-left alignment of `is_causal`; offset = S - T puts the T queries
     at the end of the S keys (bottom-right), as for new tokens appended to a cache.
     """
+    if T < 1 or S < 1:  # an empty mask would broadcast against nothing, silently
+        raise ValueError(f"T and S must be >= 1, got T = {T}, S = {S}")
     return jnp.arange(T)[:, None] + offset >= jnp.arange(S)[None, :]  # (T, S)
 
 
@@ -214,7 +218,7 @@ def textbook_attention(query, key, value, *, is_causal: bool = True):
     return out.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)  # (B, T, N, H)
 
 
-def attention_rounding_bound(query, key, scale) -> float:
+def attention_rounding_bound(query, key, scale, eps: float | None = None) -> float:
     """The largest difference float32 rounding explains between two correct attentions (or
     their gradients) of `query` (B, T, N, H) and `key` (B, S, K, H), for results of size at
     most `scale` (max |value| for outputs, max |gradient| for a gradient):
@@ -222,7 +226,9 @@ def attention_rounding_bound(query, key, scale) -> float:
         2 * eps * scale * (1 + sqrt(S) + A),  A = max over (t, s) of
         sum_h |q_th k_sh| / sqrt(H),
 
-    eps the float32 machine epsilon. A score sums H products: its rounding error is at most
+    eps the relative error of one float32 operation: by default the machine epsilon, or the
+    larger error this backend commits (`rounding.backend_eps`, measured: a TPU's exp and
+    its matmuls' bfloat16 passes). A score sums H products: its rounding error is at most
     about eps * A, and shifts the softmax weights by as much, relatively; the softmax's
     sum and the weighted sum of values add S terms each, rounding errors growing as sqrt(S)
     (random signs), each term at most `scale`. The 2 covers the two sums and the exp.
@@ -233,5 +239,5 @@ def attention_rounding_bound(query, key, scale) -> float:
     S, K = key.shape[1], key.shape[2]
     grouped = query.reshape(B, T, K, N // K, H)  # (B, T, K, G, H)
     A = np.einsum("BTKGH,BSKH->BKGTS", grouped, key).max() / math.sqrt(H)
-    eps = float(jnp.finfo(jnp.float32).eps)
+    eps = backend_eps() if eps is None else eps
     return float(2 * eps * float(scale) * (1 + math.sqrt(S) + A))

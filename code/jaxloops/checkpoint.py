@@ -188,7 +188,7 @@ def leaf_name(path) -> str:
 
 def tree_paths(tree) -> dict[str, tuple[tuple[int, ...], str]]:
     """'params.dense_0.w' -> (shape, dtype) for every leaf; typed keys as their key data."""
-    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    leaves, _ = jax.tree.flatten_with_path(tree)
     out = {}
     for path, leaf in leaves:
         if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
@@ -203,7 +203,7 @@ def flat_arrays(tree) -> dict[str, np.ndarray]:
     A leaf split over devices is gathered whole; under several processes a leaf must be
     replicated (each process then holds all of it).
     """
-    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    leaves, _ = jax.tree.flatten_with_path(tree)
     return {leaf_name(path): _on_host(leaf_name(path), leaf) for path, leaf in leaves}
 
 

@@ -47,6 +47,16 @@ def check_examples(x, y, num_features: int, num_classes: int) -> None:
         raise ValueError(f"labels span [{y.min()}, {y.max()}]; expected [0, {num_classes - 1}]")
 
 
+def check_leading_axes(data) -> int:
+    """The number of examples: the leading axis every leaf of `data` shares. A label array
+    shorter than the features would otherwise be indexed out of bounds, which JAX clamps."""
+    sizes = [leaf.shape[0] if leaf.ndim else None for leaf in jax.tree.leaves(data)]
+    if None in sizes or len(set(sizes)) > 1:
+        shapes = [tuple(leaf.shape) for leaf in jax.tree.leaves(data)]
+        raise ValueError(f"every array needs the same leading (examples) axis, got {shapes}")
+    return sizes[0]
+
+
 def check_batch_size(batch_size: int, num_examples: int) -> None:
     if num_examples == 0:
         raise ValueError(f"the data set is empty (0 examples): no batch of {batch_size} fits")
@@ -197,7 +207,7 @@ def epoch_batches(key: jax.Array, data: Batch, batch_size: int) -> Batch:
     Returns:
       A `Batch` whose leaves have a leading steps axis: x (steps, B, ...), y (steps, B, ...).
     """
-    num_examples = data.x.shape[0]
+    num_examples = check_leading_axes(data)
     check_batch_size(batch_size, num_examples)
     steps = num_examples // batch_size
     order = jax.random.permutation(key, num_examples)[: steps * batch_size]
@@ -209,6 +219,6 @@ def epoch_batches(key: jax.Array, data: Batch, batch_size: int) -> Batch:
 
 def ragged_batches(data: Batch, batch_size: int) -> list[Batch]:
     """Consecutive batches that keep the remainder: the last one is shorter (a new shape)."""
-    check_batch_size(batch_size, data.x.shape[0])
+    check_batch_size(batch_size, check_leading_axes(data))
     starts = range(0, data.x.shape[0], batch_size)
     return [jax.tree.map(lambda a, i=i: a[i : i + batch_size], data) for i in starts]

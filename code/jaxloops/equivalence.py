@@ -7,6 +7,13 @@ u = 2⁻²⁴ the unit roundoff (Higham, *Accuracy and Stability of Numerical Al
 That bound, per parameter, is the tolerance of the gradients; Adam's first step maps it to a
 tolerance of the parameters through the slope of its update. A resumed run replays the same
 program on the same bits, so its tolerance is zero: it must be identical.
+
+Not every backend rounds each float32 operation correctly. A TPU computes exp and log less
+accurately than a CPU, and multiplies float32 matrices in bfloat16 passes (one at the default
+precision; several, still not exact float32, at "highest"). `backend_eps` measures, in this
+process, the relative error its default backend commits where correct rounding commits at
+most float32's epsilon (`jaxloops.rounding`); a bound built on it holds for the arithmetic
+actually done.
 """
 
 import functools
@@ -17,11 +24,14 @@ import numpy as np
 
 from jaxloops.attention import attention_rounding_bound  # re-exported: attention's bound
 from jaxloops.data import Batch
+from jaxloops.rounding import backend_eps, backend_errors  # re-exported: this backend's eps
 
 __all__ = (
     "UNIT_ROUNDOFF",
     "adam_step_bound",
     "attention_rounding_bound",
+    "backend_eps",
+    "backend_errors",
     "differing",
     "gradient_bound",
     "homogeneity_bound",

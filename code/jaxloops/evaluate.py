@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-from jaxloops.data import Batch, check_batch_size
+from jaxloops.data import Batch, check_batch_size, check_leading_axes
 from jaxloops.losses import check_labels
 
 
@@ -27,7 +27,7 @@ def pad_batches(data: Batch, batch_size: int) -> EvalBatches:
     Every example lands in exactly one unmasked slot, and every batch has the same shape,
     so the evaluation step compiles once.
     """
-    n = data.x.shape[0]
+    n = check_leading_axes(data)
     check_batch_size(batch_size, n)
     steps = -(-n // batch_size)  # ceil(n / B)
     pad = steps * batch_size - n
@@ -85,7 +85,12 @@ def evaluate(logits_fn: Callable, params, batches: EvalBatches, num_classes: int
 
     def body(counts, batch):
         x, y, mask = batch
-        predictions = logits_fn(params, x).argmax(axis=-1)  # (B, C) -> (B,)
+        logits = logits_fn(params, x)  # (B, C)
+        if logits.shape[-1] != num_classes:  # a prediction >= C would drop out of the counts
+            raise ValueError(
+                f"logits_fn gives {logits.shape[-1]} classes, num_classes is {num_classes}"
+            )
+        predictions = logits.argmax(axis=-1)  # (B, C) -> (B,)
         return counts + confusion_matrix(y, predictions, num_classes, mask), predictions
 
     zeros = jnp.zeros((num_classes, num_classes), jnp.int32)
@@ -93,16 +98,28 @@ def evaluate(logits_fn: Callable, params, batches: EvalBatches, num_classes: int
     return predictions, counts
 
 
+def check_counts(counts) -> np.ndarray:
+    """`counts` as a NumPy (C, C) matrix; ValueError unless square with something counted."""
+    counts = np.asarray(counts)
+    if counts.ndim != 2 or counts.shape[0] != counts.shape[1]:
+        raise ValueError(f"a confusion matrix is square (C, C), got shape {counts.shape}")
+    if counts.sum() <= 0:  # every share would be 0 / 0
+        raise ValueError(f"the confusion matrix counts {counts.sum()} examples; need >= 1")
+    return counts
+
+
 def accuracy_from_confusion(counts) -> float:
     """Share of examples on the diagonal."""
-    counts = np.asarray(counts)
+    counts = check_counts(counts)
     return float(np.trace(counts) / counts.sum())
 
 
 def per_class_accuracy(counts) -> np.ndarray:
-    """Recall of each class: diagonal over row sums, shape (C,)."""
-    counts = np.asarray(counts)
-    return np.diag(counts) / counts.sum(axis=1)
+    """Recall of each class: diagonal over row sums, shape (C,); NaN for a class that has no
+    examples (its recall is undefined)."""
+    counts = check_counts(counts)
+    rows = counts.sum(axis=1)
+    return np.diag(counts) / np.where(rows > 0, rows, np.nan)
 
 
 def most_confused(counts, k: int) -> list[tuple[int, int, int]]:

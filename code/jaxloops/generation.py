@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxloops.kvcache import drop_unit_axes
-from jaxloops.losses import check_labels
+from jaxloops.losses import check_ids, check_labels
 from jaxloops.transformer import (
     Params,
     cached_logits,
@@ -41,6 +41,22 @@ def check_generation(params: Params, prompt, steps: int) -> tuple[int, int]:
     return prompt.shape
 
 
+def checked_prompt(jitted):
+    """`jitted` (a decoder) behind a thin check of its prompt's token ids, run before the
+    compiled function is entered: inside it the prompt is traced, and an id outside [0, V)
+    would embed as NaN and decode tokens all the same. A prompt that is itself traced (the
+    caller's own `jit`) is left to `checked_generate` under `checkify`."""
+
+    @functools.wraps(jitted)
+    def call(key, params, prompt, *, steps: int, temperature: float = 1.0):
+        check_ids(prompt, params["embed"]["tokens"].shape[0], "prompt tokens")
+        return jitted(key, params, prompt, steps=steps, temperature=temperature)
+
+    call.lower = jitted.lower  # shapes only: nothing to check
+    return call
+
+
+@checked_prompt
 @functools.partial(jax.jit, static_argnames=("steps", "temperature"))
 def generate(
     key: jax.Array, params: Params, prompt: jax.Array, *, steps: int, temperature: float = 1.0
@@ -86,6 +102,7 @@ def checked_generate(
     return generate(key, params, prompt, steps=steps, temperature=temperature)
 
 
+@checked_prompt
 @functools.partial(jax.jit, static_argnames=("steps", "temperature"))
 def generate_without_cache(
     key: jax.Array, params: Params, prompt: jax.Array, *, steps: int, temperature: float = 1.0

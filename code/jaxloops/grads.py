@@ -3,9 +3,17 @@
 import jax
 import jax.numpy as jnp
 
+from jaxloops.losses import known_value
+
 
 def sgd_update(params, grads, learning_rate: float):
-    """One plain SGD step, leaf by leaf: p <- p - lr * g."""
+    """One plain SGD step, leaf by leaf: p <- p - lr * g.
+
+    A known learning rate must be finite and > 0: a negative one climbs the loss, 0 does
+    nothing (a traced one, inside the caller's `jit`, is the caller's to check)."""
+    lr = known_value(learning_rate)
+    if lr is not None and not (lr.ndim == 0 and 0 < lr < float("inf")):
+        raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate}")
     return jax.tree.map(lambda p, g: p - learning_rate * g, params, grads)
 
 
@@ -18,9 +26,11 @@ def finite_difference(loss_fn, params, path: tuple, index: tuple, eps: float = 1
       index: the entry inside that leaf, e.g. (3, 5).
     """
 
+    if not 0 < eps < float("inf"):  # eps = 0 divides 0 by 0; NaN fails the comparison too
+        raise ValueError(f"eps must be a finite number > 0, got {eps}")
     leaves = {
         tuple(getattr(k, "key", k) for k in key_path): leaf
-        for key_path, leaf in jax.tree_util.tree_leaves_with_path(params)
+        for key_path, leaf in jax.tree.leaves_with_path(params)
     }
     # A path or index that matches nothing would bump nothing and return 0: refuse it.
     if tuple(path) not in leaves:
@@ -34,7 +44,7 @@ def finite_difference(loss_fn, params, path: tuple, index: tuple, eps: float = 1
             keys = tuple(k.key for k in key_path)
             return leaf.at[index].add(delta) if keys == tuple(path) else leaf
 
-        return loss_fn(jax.tree_util.tree_map_with_path(bump, params))
+        return loss_fn(jax.tree.map_with_path(bump, params))
 
     return float((bumped(eps) - bumped(-eps)) / (2 * eps))
 

@@ -227,6 +227,23 @@ def checked_decode_step(query, new_key, new_value, cache_key, cache_value, start
     return decode_step(query, new_key, new_value, cache_key, cache_value, start)
 
 
+def start_checked_first(jitted):
+    """`jitted` (a decoder over a cache) behind a check of its `start`, run before the
+    compiled function is entered: inside it `start` is traced, and a start past the cache
+    would be clamped by `lax.dynamic_update_slice`, writing the wrong slots with no error."""
+
+    @functools.wraps(jitted)
+    def call(queries, keys, values, cache_key, cache_value, start):
+        T, S = jnp.shape(queries)[1], jnp.shape(cache_key)[-2]
+        if T <= S:  # else the compiled function names the overflow itself
+            check_start(start, T, S)
+        return jitted(queries, keys, values, cache_key, cache_value, start)
+
+    call.lower = jitted.lower  # shapes only: nothing to check
+    return call
+
+
+@start_checked_first
 @functools.partial(jax.jit, donate_argnums=(3, 4))
 def decode_tokens(queries, keys, values, cache_key, cache_value, start):
     """Decodes T tokens one after another, each step writing its slot and attending, as

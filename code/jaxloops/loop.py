@@ -120,6 +120,8 @@ def fit(
       (params, opt_state, History). The params and opt_state passed in are donated.
     """
     examples = jax.tree.leaves(data)[0].shape[0]
+    if epochs < 1:  # would return the state untouched and an empty history
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
     if not 0 < batch_size <= examples:
         raise ValueError(f"batch size {batch_size} must be in [1, {examples}] (the examples)")
     if not 0 <= start_epoch <= epochs:

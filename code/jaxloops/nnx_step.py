@@ -60,7 +60,9 @@ def nnx_update(model: MLP, optimizer: nnx.Optimizer, batch: Batch) -> jax.Array:
     return loss
 
 
-nnx_jit_step = nnx.jit(nnx_update)  # the module and optimizer go through nnx.jit as objects
+# The module and optimizer go through nnx.jit as objects, their arrays donated, as every
+# other form's state is: the new values are written back into them after the call.
+nnx_jit_step = nnx.jit(nnx_update, donate_argnums=(0, 1))
 
 
 def make_functional_step(model: MLP, optimizer: nnx.Optimizer):
@@ -97,8 +99,9 @@ def nnx_optimizer(model: MLP, tx: optax.GradientTransformation) -> nnx.Optimizer
 
 def form_loops(params, tx: optax.GradientTransformation, batch: Batch, steps: int) -> dict:
     """`steps` steps on one batch in each form, each loop `() -> its last loss`: the book's
-    pytree step under `jax.jit`, the NNX step under `nnx.jit`, and the functional NNX step
-    under `jax.jit`. Every form donates (or updates in place) its state, so none copies it."""
+    pytree step under `jax.jit`, the NNX step under `nnx.jit`, the same with the module and
+    optimizer bound by `nnx.cached_partial` (Flax's cache of their graph traversal), and the
+    functional NNX step under `jax.jit`. Every form donates its state, so none copies it."""
     from jaxloops.mlp import mlp_loss
     from jaxloops.train import make_train_step
 
@@ -112,6 +115,8 @@ def form_loops(params, tx: optax.GradientTransformation, batch: Batch, steps: in
     other = MLP(params)
     functional_step, state = make_functional_step(other, nnx_optimizer(other, tx))
     functional = [state]
+    cached_model = MLP(params)
+    cached_step = nnx.cached_partial(nnx_jit_step, cached_model, nnx_optimizer(cached_model, tx))
 
     def run_pytree():
         for _ in range(steps):
@@ -123,12 +128,22 @@ def form_loops(params, tx: optax.GradientTransformation, batch: Batch, steps: in
             loss = nnx_jit_step(model, optimizer, batch)
         return loss
 
+    def run_cached():
+        for _ in range(steps):
+            loss = cached_step(batch)
+        return loss
+
     def run_functional():
         for _ in range(steps):
             functional[0], loss = functional_step(functional[0], batch)
         return loss
 
-    return {"pytree": run_pytree, "nnx.jit": run_nnx_jit, "split/merge": run_functional}
+    return {
+        "pytree": run_pytree,
+        "nnx.jit": run_nnx_jit,
+        "nnx.cached_partial": run_cached,
+        "split/merge": run_functional,
+    }
 
 
 def nnx_steps(params, tx: optax.GradientTransformation, batches, form: str) -> dict:

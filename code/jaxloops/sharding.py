@@ -20,6 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
+from jaxloops import processes
 from jaxloops.data import Batch
 from jaxloops.loop import fit
 from jaxloops.mlp import init_mlp, mlp_loss
@@ -227,6 +228,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def no_tcp_reason() -> str | None:
+    """Why `run_processes` cannot run on this machine, or None where it can: its processes
+    join through `jax.distributed` over TCP on localhost, and some machines (the TPU machine
+    this book borrows) allow no TCP socket, not even on the loopback. A connection is tried:
+    a loopback that is down (the CPU rehearsal of that machine) still lets a socket bind."""
+    try:
+        with socket.socket() as server, socket.socket() as client:
+            server.bind(("localhost", 0))
+            server.listen()
+            client.settimeout(5)
+            client.connect(server.getsockname())
+    except OSError as e:
+        return f"no TCP on this machine's loopback ({e}); jax.distributed joins processes over TCP"
+    return None
+
+
 def run_processes(out_dir, *, num_processes: int, devices_per_process: int, sizes, save=None):
     """Launches `python -m jaxloops.workers.sharding` once per process on localhost.
 
@@ -239,18 +256,16 @@ def run_processes(out_dir, *, num_processes: int, devices_per_process: int, size
       The parameters and ("opt_state. ...") the optimizer state, named as
       `checkpoint.flat_arrays` names them, and "loss" per epoch.
     """
-    from jaxloops import workers  # the workers build on this module
-
-    port, part = _free_port(), workers.sizes_json(sharding=sizes)
+    port, part = _free_port(), processes.sizes_json(sharding=sizes)
     common = [f"--port={port}", f"--processes={num_processes}", f"--sizes={part}"]
     common += [f"--devices={devices_per_process}", f"--out={out_dir}"]
     common += [] if save is None else [f"--checkpoint={save}"]
     # Each process compiles its own programs: under JAX 0.12.1 a process that loaded them
     # from the persistent compilation cache aborted the run (0.10.2 and 0.12.0 did not).
-    env = {**workers.cpu_env(devices_per_process), "JAX_ENABLE_COMPILATION_CACHE": "false"}
-    processes = [
+    env = {**processes.cpu_env(devices_per_process), "JAX_ENABLE_COMPILATION_CACHE": "false"}
+    running = [
         subprocess.Popen(
-            workers.command("sharding", f"--process={i}", *common),
+            processes.command("sharding", f"--process={i}", *common),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -258,8 +273,8 @@ def run_processes(out_dir, *, num_processes: int, devices_per_process: int, size
         )
         for i in range(num_processes)
     ]
-    logs = [p.communicate(timeout=300)[0] for p in processes]
-    for i, (p, log) in enumerate(zip(processes, logs)):
+    logs = [p.communicate(timeout=300)[0] for p in running]
+    for i, (p, log) in enumerate(zip(running, logs)):
         if p.returncode:
             raise RuntimeError(f"process {i} exited with {p.returncode}:\n{log[-3000:]}")
     with np.load(f"{out_dir}/params.npz") as f:

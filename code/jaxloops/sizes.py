@@ -232,8 +232,11 @@ _PARTS = dict(
     ),
     attention=_per_backend(
         AttentionSizes,
-        lengths=By((256, 512, 1024, 2048, 4096), (512, 1024, 2048, 4096, 8192, 16384),
-                   (1024, 2048, 4096, 8192, 16384)),
+        lengths=By(
+            (256, 512, 1024, 2048, 4096),
+            (512, 1024, 2048, 4096, 8192, 16384),
+            (1024, 2048, 4096, 8192, 16384),
+        ),
         heads=By(4, 8),
         head_dim=64,
         block_size=512,
@@ -268,8 +271,11 @@ _PARTS = dict(
         # The model trained is the GPU's on the TPU too: at L 6, D 512, T 512 its 2,000 steps took
         # 96 s there (2026-12-06), past a chapter's 90 s. The step timed is 89 M parameters at
         # T 1024 (114,000 tokens/s in float32 there).
-        speed=By((2, 128, 4, 2, 512, 128, 16), (4, 256, 8, 2, 1024, 256, 16),
-                 (8, 1024, 16, 4, 4096, 1024, 8)),
+        speed=By(
+            (2, 128, 4, 2, 512, 128, 16),
+            (4, 256, 8, 2, 1024, 256, 16),
+            (8, 1024, 16, 4, 4096, 1024, 8),
+        ),
     ),
     sharding=_per_backend(
         ShardingSizes,
@@ -302,10 +308,12 @@ _PARTS = dict(
         seq_len=By(64, 256),
         sweep_batches=By((2, 8), (8, 32)),
         sweep_lengths=By((16, 64), (64, 256)),
-        sweep_layers=By((1, 4), (1, 2, 4, 8)),
+        # TPU: each point compiles a train step, several seconds each there (the GPU's eight
+        # points spent 47 s of chapter 14's run on the chip, 2026-12-06)
+        sweep_layers=By((1, 4), (1, 2, 4, 8), (1, 4)),
         # the unrolled compile grows ~3x from 2 to 24 layers, the scanned not; at 2 the
         # scanned program takes ~2x the unrolled one to compile (one build: 1.85, 0.86 s)
-        compile_layers=By((2, 24), (8, 32)),
+        compile_layers=By((2, 24), (8, 32), (4, 16)),
         micro_batches=(1, 4),
         train_steps=By(30, 200),
         text_bytes=By(2**16, 2**20),

@@ -12,8 +12,6 @@ import dataclasses
 import functools
 import itertools
 import pathlib
-import statistics
-import time
 import zlib
 from typing import NamedTuple
 
@@ -23,9 +21,6 @@ import numpy as np
 
 from jaxloops.data import Batch
 from jaxloops.loop import python_loop
-from jaxloops.measure.profile import busy_seconds
-from jaxloops.measure.throughput import core_shares, predicted_step_seconds
-from jaxloops.measure.timing import interleaved_samples
 from jaxloops.text import VOCAB_SIZE
 
 SHARD_PATTERN = "shard_*.npy"
@@ -222,54 +217,6 @@ def warm_prefetch(step, params, opt_state, dataset: grain.MapDataset, steps: int
             iterator.close()
 
 
-def step_phases(step, params, opt_state, batches, steps: int) -> dict[str, float]:
-    """Where each step of a loop that reads its loss every step spends its time: the median
-    seconds, over `steps` steps of the jitted `step` fed from the iterable `batches`, of
-    "wait" (taking the next batch until it is on the device), "dispatch" (the jitted call,
-    until it returns) and "compute" (from then until the loss is ready)."""
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    jitted, batches = jax.jit(step), iter(batches)
-    phases = {"wait": [], "dispatch": [], "compute": []}
-    for _ in range(steps):
-        start = time.perf_counter()
-        batch = jax.block_until_ready(next(batches))
-        taken = time.perf_counter()
-        params, opt_state, metrics = jitted(params, opt_state, batch)
-        dispatched = time.perf_counter()
-        float(metrics["loss"])
-        done = time.perf_counter()
-        phases["wait"].append(taken - start)
-        phases["dispatch"].append(dispatched - taken)
-        phases["compute"].append(done - dispatched)
-    return {name: statistics.median(seconds) for name, seconds in phases.items()}
-
-
-def idle_share(spans) -> float:
-    """Share of a trace's length during which no span of the "device" row was open."""
-    length = max(span.end for span in spans) - min(span.start for span in spans)
-    return 1.0 - busy_seconds(spans, "device") / length
-
-
-def predicted_feed_seconds(
-    host: float, device: float, steps: int, host_share: float, device_share: float
-) -> dict[str, float]:
-    """Seconds per step of each feed over `steps` steps, for host work h per batch and device
-    work d per step (each timed alone), at the shares of their speed they keep beside each
-    other (`measure.core_shares`). Streamed, the loop makes a batch, then waits for its step:
-    h + d. Prefetched, the first batch is made before the first step; after it the threads
-    make batch t + 1 while step t runs (chapter 6's `predicted_step_seconds` without fetches).
-    """
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    overlapped = predicted_step_seconds(host, device, 1, host_share, device_share)["never fetch"]
-    return {
-        "on_device": device,
-        "streamed": host + device,
-        "prefetched": (host + device + (steps - 1) * overlapped) / steps,
-    }
-
-
 class StreamRun(NamedTuple):
     """The chapter's run: the stream, its fingerprint, fresh state and the pure step."""
 
@@ -300,46 +247,3 @@ def stream_run(shards, sizes, *, seed: int = 0) -> StreamRun:
         return params, optimizer.init(params)
 
     return StreamRun(dataset, fingerprint, init, make_train_step(mlp_loss, optimizer))
-
-
-def time_feeds(runs: Feeds, device_work, *, rounds: int):
-    """Seconds of every timed call of each feed (`measure.interleaved_samples`: the feeds
-    in turn, `rounds` times) and the core shares (`measure.core_shares(device_work)`),
-    the mean of one measurement before the rounds and one after."""
-    named = {field.name: getattr(runs, field.name) for field in dataclasses.fields(runs)}
-    jax.block_until_ready(device_work())  # compiled first: core_shares sizes its loops by it
-    before = core_shares(device_work, tries=2)
-    samples = interleaved_samples(named, rounds, warmup_each=0)
-    after = core_shares(device_work, tries=2)
-    return samples, tuple((a + b) / 2 for a, b in zip(before, after))
-
-
-def serial_ratio(samples: dict[str, list[float]]) -> float:
-    """The median over rounds of the streamed feed's time over h + d in the same round."""
-    rounds = zip(samples["streamed"], samples["host_alone"], samples["on_device"], strict=True)
-    return float(np.median([s / (h + d) for s, h, d in rounds]))
-
-
-def feed_failures(samples: dict[str, list[float]], steps: int, band: float) -> list[str]:
-    """What the timed feeds (`time_feeds`' samples, `steps` steps a call) contradict, each
-    with its figures; empty when nothing does.
-
-    The streamed feed must be within `band` (a fraction) of h + d: the median over rounds of
-    its time over host_alone's plus on_device's in the same round, so that a slow moment of
-    a shared machine divides out. The prefetched one (median) is held to what overlap can do
-    at all, between full overlap, max(h, d), and none, h + d, widened by `band`: its own
-    prediction rests on core shares measured before and after the rounds, not during them.
-    """
-    serial = serial_ratio(samples)
-    h, d = (float(np.median(samples[name])) / steps for name in ("host_alone", "on_device"))
-    prefetched = float(np.median(samples["prefetched"])) / steps
-    failures = []
-    if abs(serial - 1) > band:
-        failures.append(f"streamed: {serial:.2f} times h + d, in the same rounds")
-    low, high = (1 - band) * max(h, d), (1 + band) * (h + d)
-    if not low <= prefetched <= high:
-        failures.append(
-            f"prefetched: measured {1e3 * prefetched:.2f} ms, outside "
-            f"[{1e3 * low:.2f}, {1e3 * high:.2f}] ms (h = {1e3 * h:.2f}, d = {1e3 * d:.2f})"
-        )
-    return failures

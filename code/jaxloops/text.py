@@ -124,6 +124,8 @@ def sample_windows(
         raise ValueError(
             f"steps, batch_size and seq_len must be >= 1, got {steps}, {batch_size}, {seq_len}"
         )
+    if tokens.ndim != 1:  # (B, n) rows would be cut as if they were tokens
+        raise ValueError(f"tokens must be one stream (n,), got shape {tokens.shape}")
     if tokens.shape[0] < seq_len + 1:
         raise ValueError(
             f"text of {tokens.shape[0]} tokens is too short for windows of "
@@ -142,6 +144,8 @@ def spaced_windows(tokens, seq_len: int, count: int) -> Batch:
       A `Batch` with x (count, T) and y (count, T), the targets shifted by one.
     """
     tokens = np.asarray(tokens)
+    if tokens.ndim != 1:  # (B, n) rows would be cut as if they were tokens
+        raise ValueError(f"tokens must be one stream (n,), got shape {tokens.shape}")
     if count < 1 or seq_len < 1 or tokens.shape[0] < seq_len + 1:
         raise ValueError(
             f"cannot cut {count} windows of {seq_len} + 1 tokens from {tokens.shape[0]} tokens"

@@ -1,18 +1,17 @@
-"""Measuring: honest timing, throughput, attention sweeps, the roofline, and machine facts."""
+"""The instruments: what runs, times, compiles or traces something and returns rows.
 
-from jaxloops.measure import attention_figures as attention_figures  # ch08-09: causal_goal
-from jaxloops.measure import attention_plots as attention_plots  # ch10: kv_grouping
+Honest timing, throughput, attention sweeps, the roofline, compiled programs, traces, and
+machine facts. Nothing here writes a page: a chapter turns these rows into its numbers,
+tables and plots with its own module in `jaxloops.pages`."""
+
+from jaxloops.measure import cache_memory as cache_memory  # measure.cache_memory.loop_memory_rows
 from jaxloops.measure import comms as comms  # a module: measure.comms.per_step
 from jaxloops.measure import compiled as compiled  # a module: measure.compiled.fusions_of
-from jaxloops.measure import decode_figures as decode_figures  # ch10: layout_figures
+from jaxloops.measure import feeds as feeds  # a module: measure.feeds.time_feeds
 from jaxloops.measure import gpu_report as gpu_report  # a module: measure.gpu_report.sidebar
-from jaxloops.measure import kernel_figures as kernel_figures  # ch08: tile_passes
-from jaxloops.measure import lm_figures as lm_figures  # ch11: training_figures
-from jaxloops.measure import lm_plots as lm_plots  # ch11: training_curves
-from jaxloops.measure import memory as memory  # a module: measure.memory.formula_sweep
-from jaxloops.measure import memory_plots as memory_plots  # measure.memory_plots.loss_curves
 from jaxloops.measure import published as published  # a module: measure.published.PUBLISHED
-from jaxloops.measure.check import PageCheckWarning, check, strict
+from jaxloops.measure import step_memory as step_memory  # measure.step_memory.formula_sweep
+from jaxloops.measure import step_speed as step_speed  # measure.step_speed.step_rates
 from jaxloops.measure.compiled import (
     collectives,
     compiled_costs,
@@ -79,7 +78,6 @@ from jaxloops.measure.throughput import (
     interleaved_with_core_shares,
     offered_cores,
     overlap_drivers,
-    paired_ratio,
     predicted_step_seconds,
     random_batches,
     scan_throughput,
@@ -90,13 +88,17 @@ from jaxloops.measure.throughput import (
 from jaxloops.measure.timing import (
     CompileLog,
     allocated_bytes,
+    callback_cache_counts,
     compile_in_fresh_process,
     count_compiles,
     interleaved_samples,
     interleaved_seconds,
+    laid_out_bytes,
+    paired_ratio,
     suite_cache_report,
     time_call,
     time_dispatch,
+    worst_paired_ratio,
 )
 
 __all__ = (
@@ -107,11 +109,11 @@ __all__ = (
     "blocked_share",
     "blockwise_tile_parts",
     "busy_seconds",
+    "callback_cache_counts",
     "causal_sweep",
     "CEILING_MARGIN",
     "ceiling_rates",
     "ceiling_runs",
-    "check",
     "collectives",
     "compile_in_fresh_process",
     "compiled_costs",
@@ -138,6 +140,7 @@ __all__ = (
     "interleaved_samples",
     "interleaved_seconds",
     "interleaved_with_core_shares",
+    "laid_out_bytes",
     "last_level_cache_bytes",
     "loop_copies",
     "machine_facts",
@@ -148,7 +151,6 @@ __all__ = (
     "offered_cores",
     "overlap_drivers",
     "overlap_seconds",
-    "PageCheckWarning",
     "paired_ratio",
     "predicted_blocked_shares",
     "predicted_step_seconds",
@@ -167,7 +169,6 @@ __all__ = (
     "softmax_without_exp",
     "Span",
     "spin_iterations",
-    "strict",
     "suite_cache_report",
     "time_call",
     "time_dispatch",
@@ -176,4 +177,5 @@ __all__ = (
     "uses_cudnn_kernel",
     "versions",
     "wait_count",
+    "worst_paired_ratio",
 )

@@ -15,20 +15,66 @@ import re
 from collections.abc import Callable
 
 import jax
+import numpy as np
 
-from jaxloops.measure.compiled import dtype_bytes, hlo_lines, program_text
+from jaxloops.measure.compiled import LAYOUT, dtype_bytes, hlo_lines, program_text
 from jaxloops.measure.profile import device_op_seconds, trace_spans
 
 _NAMED = re.compile(r'^(\d+) "(.*)"$')
 _LOCATION = re.compile(r"^(\d+) \{file_name_id=(\d+) function_name_id=(\d+) line=(\d+)")
 _FRAME = re.compile(r"^(\d+) \{file_location_id=(\d+) parent_frame_id=(\d+)")
-_LINE = re.compile(r"^\s*(?:ROOT )?%?([\w.-]+) = (\(.*?\)|\S+?)(?:\{[\d,]*\})? ([\w-]+)\((.*?)\)")
+_LINE = re.compile(rf"^\s*(?:ROOT )?%?([\w.-]+) = (\(.*?\)|\S+?){LAYOUT} ([\w-]+)\((.*?)\)")
 _SHAPES = re.compile(r"(\w+)\[([\d,]*)\]")
 _CALLS = re.compile(r"calls=%?([\w.-]+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _FRAME_ID = re.compile(r"stack_frame_id=(\d+)")
-_DOT = re.compile(r"= \S+?\[([\d,]*)\]\S* dot\(%?([\w.-]+), .*lhs_contracting_dims=\{([\d,]*)\}")
-_PARAM = re.compile(r"^\s*(?:ROOT )?%?([\w.-]+) = \w+\[([\d,]*)\]")
+_OPERAND = r"(?:\S+ )?%?([\w.-]+)"  # an operand, its shape printed before it or not
+_DOT = re.compile(rf"= \S+?\[([\d,]*)\]\S* dot\({_OPERAND}, .*lhs_contracting_dims=\{{([\d,]*)\}}")
+# A TPU's compiler writes a matmul as a convolution: "dim_labels=0bf_0io->0bf" names each dim
+# of the input, the kernel and the output (b batch, f feature, i/o the kernel's in/out, digits
+# spatial). Each output element sums the kernel's i inputs at each tap of its window that meets
+# the input: not a tap over padding, nor over the holes of an input dilated by d (XLA:TPU folds
+# a batch of matmuls into a spatial dim so: "window={size=3 stride=2 lhs_dilate=3}").
+_CONVOLUTION = re.compile(
+    rf"= \S+?\[([\d,]*)\]\S* convolution\({_OPERAND}, {_OPERAND}\)"
+    r".*dim_labels=(\w+)_(\w+)->(\w+)"
+)
+_WINDOW = re.compile(r"window=\{([^}]*)\}")
+_PARAM = re.compile(r"^\s*(?:ROOT )?%?([\w.-]+) = (?:\w+\[([\d,]*)\])?")  # tuples: no dims
+
+
+def _window(line: str, rank: int) -> dict[str, list]:
+    """Per spatial dim: size, stride, pad (low), lhs_dilate, rhs_dilate of a convolution."""
+    fields = dict(f.split("=") for f in m[1].split()) if (m := _WINDOW.search(line)) else {}
+
+    def each(name, default):
+        value = fields.get(name)
+        return [default] * rank if value is None else value.split("x")
+
+    pads = [int(p.split("_")[0]) for p in each("pad", "0_0")]
+    ints = {n: [int(v) for v in each(n, "1")] for n in ("stride", "lhs_dilate", "rhs_dilate")}
+    return {"pad": pads, **ints}
+
+
+def _convolution_flops(output: list[int], lhs: list[int], kernel: list[int], labels, line):
+    """2 x the multiply-adds of a convolution with these shapes and `labels` (input, kernel,
+    output dim_labels), counting only the taps that meet the input."""
+    lhs_labels, kernel_labels, out_labels = labels
+    if not (len(lhs) == len(lhs_labels) and len(kernel) == len(kernel_labels)
+            and len(output) == len(out_labels)):  # fmt: skip
+        return 0.0
+    digits = sorted(c for c in kernel_labels if c.isdigit())
+    window = _window(line, len(digits))
+    pairs = 1
+    for d, c in enumerate(digits):
+        size = kernel[kernel_labels.index(c)]
+        n_in, n_out = lhs[lhs_labels.index(c)], output[out_labels.index(c)]
+        dilate = window["lhs_dilate"][d]
+        j, w = np.arange(n_out)[:, None], np.arange(size)[None, :]
+        at = j * window["stride"][d] + w * window["rhs_dilate"][d] - window["pad"][d]
+        pairs *= int(((at >= 0) & (at <= (n_in - 1) * dilate) & (at % dilate == 0)).sum())
+    batch_features = math.prod(n for n, c in zip(output, out_labels) if not c.isdigit())
+    return 2.0 * batch_features * kernel[kernel_labels.index("i")] * pairs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,11 +138,16 @@ def _dot_flops(text: str) -> dict[tuple[str, str], float]:
         if not (m := _PARAM.match(line)):
             continue
         name = m[1]
-        shapes[(computation, name)] = [int(d) for d in m[2].split(",") if d]
+        shapes[(computation, name)] = [int(d) for d in (m[2] or "").split(",") if d]
         if dot := _DOT.search(line):
             lhs = shapes.get((computation, dot[2]), [])
             contracted = math.prod(lhs[int(i)] for i in dot[3].split(",") if i and lhs)
             own[(computation, name)] = 2.0 * math.prod(shapes[(computation, name)]) * contracted
+        elif conv := _CONVOLUTION.search(line):
+            lhs, kernel = (shapes.get((computation, o), []) for o in (conv[2], conv[3]))
+            output = shapes[(computation, name)]
+            flops = _convolution_flops(output, lhs, kernel, conv.groups()[3:], line)
+            own[(computation, name)] = flops
         if called := _CALLS.search(line):
             calls[(computation, name)] = called[1]
     per_computation: dict[str, float] = {}

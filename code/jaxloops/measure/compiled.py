@@ -9,8 +9,11 @@ function and its arguments (`compiled_costs(f, *args)`), which compiles once.
 The compiled program, not the lowered one: it is what runs. Its FLOPs are the exception: they
 come from the lowered program, because XLA:GPU's compiled cost analysis leaves out the matmuls
 it hands to cuBLAS (jax-ml/jax#22249; on an H200 it gave chapter 6's MLP step at batch 32,768
-11.1 GFLOP, where its matmuls alone do 217). On a CPU the two counts agree within 0.5 %. Loop
-bodies are counted once by XLA's cost analysis, not once per trip.
+11.1 GFLOP, where its matmuls alone do 217). On a CPU the two counts agree within 0.5 %. A
+TPU's lowered program has no count at all (its cost analysis is empty): there the FLOPs come
+from the compiled program, whose count includes the matmuls XLA:TPU compiles itself (a TPU
+v5e counted an MLP train step whose matmuls do 35.5 MFLOP at 36.4). Loop bodies are counted
+once by XLA's cost analysis, not once per trip.
 """
 
 import math
@@ -19,6 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+
+MiB = 2**20  # bytes in a mebibyte: every "MiB" the book prints divides by this one
 
 
 def lower_call(fn: Callable[..., Any], *args) -> jax.stages.Lowered:
@@ -32,29 +37,56 @@ def compile_call(fn: Callable[..., Any], *args) -> jax.stages.Compiled:
 
 
 def _cost(program) -> dict:
-    cost = program.cost_analysis()
+    try:
+        cost = program.cost_analysis()
+    except NotImplementedError:  # a backend whose lowered programs have no cost analysis
+        return {}
     if isinstance(cost, (list, tuple)):  # older jax returned one dict per device
-        cost = cost[0]
+        cost = cost[0] if cost else None
     return cost or {}
 
 
-def lowered_flops(lowered: jax.stages.Lowered) -> float:
+def lowered_flops(
+    lowered: jax.stages.Lowered, compiled: jax.stages.Compiled | None = None
+) -> float:
     """FLOPs of a lowered program (what the maths does, on any backend: see the module's
-    docstring for why not the compiled program's count)."""
-    return float(_cost(lowered).get("flops", 0.0))
+    docstring for why not the compiled program's count); where the backend does not count
+    lowered programs (a TPU), the compiled program's count: `compiled`'s if given, else
+    `lowered` is compiled for it."""
+    flops = float(_cost(lowered).get("flops", 0.0))
+    if flops > 0:
+        return flops
+    return float(_cost(lowered.compile() if compiled is None else compiled).get("flops", 0.0))
+
+
+def scratch_bytes(memory) -> int:
+    """The scratch a compiled program allocates, from its `memory_analysis()`: its temp
+    bytes, or where the backend reports none (a TPU's `temp_size_in_bytes` is 0 for every
+    program), the live peak beyond its arguments and outputs (outputs that reuse a donated
+    argument counted once). On a CPU the peak counts no temp, so the first is the larger;
+    on a TPU v5e the second is the sum of the intermediates' tiled buffers (naive attention
+    at T = 24: a (3, 24) sum, (3, 24, 24) bfloat16 weights and two copies, 45,056 bytes)."""
+    if memory is None:
+        return 0
+    peak = int(getattr(memory, "peak_memory_in_bytes", 0) or 0)
+    held = memory.argument_size_in_bytes + memory.output_size_in_bytes
+    return int(max(memory.temp_size_in_bytes, peak - held + memory.alias_size_in_bytes, 0))
 
 
 def costs_of(compiled: jax.stages.Compiled, lowered: jax.stages.Lowered | None = None) -> dict:
     """flops, bytes_accessed, transcendentals (cost analysis) and temp_bytes (memory
-    analysis: the scratch the program allocates) of one compiled program; its flops from
+    analysis: the scratch the program allocates, `scratch_bytes`) of one compiled program; its
+    flops from
     `lowered` where given, which a GPU needs (the module's docstring says why)."""
     cost = _cost(compiled)
     memory = compiled.memory_analysis()
     return {
-        "flops": lowered_flops(lowered) if lowered is not None else float(cost.get("flops", 0.0)),
+        "flops": (
+            lowered_flops(lowered, compiled) if lowered is not None else float(cost.get("flops", 0))
+        ),
         "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
         "transcendentals": float(cost.get("transcendentals", 0.0)),
-        "temp_bytes": int(memory.temp_size_in_bytes) if memory is not None else 0,
+        "temp_bytes": scratch_bytes(memory),
     }
 
 
@@ -72,10 +104,18 @@ def compiled_flops(fn: Callable[..., Any], *args) -> float:
 
 
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?(\S+) = \S+ ([\w-]+)\(")
-_FUSION = re.compile(r"^\s*(?:ROOT )?%?(\S+) = (\S+) fusion\(.*kind=(\w+), calls=%?([\w.-]+)")
 _COPY = re.compile(r"^\s*(?:ROOT )?%?\S+ = \w+\[([\d,]*)\]\S* copy\(")
+# A layout after a shape: "{1,0}" on a CPU, "{1,0:T(8,128)S(1)}" on a TPU (its tiles and memory
+# space), which a pattern must step over, not read as part of the shape.
+LAYOUT = r"(?:\{[^}]*\})?"
+# A tuple shape, whose layouts may hold parentheses of their own: "(f32[8]{0:T(256)}, s32[])".
+TUPLE = r"\((?:[^()]|\([^()]*\))*\)"
+# A fusion's result may be a tuple (a TPU's fusions often return two arrays).
+_FUSION = re.compile(
+    rf"^\s*(?:ROOT )?%?(\S+) = ({TUPLE}|\S+) fusion\(.*kind=(\w+), calls=%?([\w.-]+)"
+)
 COLLECTIVE = re.compile(
-    r"= (\([^)]*\)|\w+\[[\d,]*\][^ ]*) (all-reduce|all-gather|reduce-scatter|all-to-all|"
+    rf"= ({TUPLE}|\w+\[[\d,]*\][^ ]*) (all-reduce|all-gather|reduce-scatter|all-to-all|"
     r"collective-permute)(?:-start)?\("
 )
 SHAPE = re.compile(r"(\w+)\[([\d,]*)\]")
@@ -97,7 +137,7 @@ def hlo_lines(text: str):
             yield computation, line
 
 
-_ENTRY_INSTRUCTION = re.compile(r"\s*(?:ROOT )?%?([\w.-]+) = (\S+?)(?:\{[\d,]*\})? ([\w-]+)\(")
+_ENTRY_INSTRUCTION = re.compile(rf"\s*(?:ROOT )?%?([\w.-]+) = (\S+?){LAYOUT} ([\w-]+)\(")
 
 
 def entry_instructions(program) -> list[tuple[str, str, str]]:
@@ -132,8 +172,9 @@ def fusions_of(program) -> list[dict]:
 
     Returns:
       One row per fusion: name; kind (XLA's kLoop, kInput, kOutput, or kCustom for a library
-      call such as a matmul); shape of its result (e.g. "f32[4,128,128]") and its dims as a
-      tuple, with elements their product; where it runs ("once", or "loop" inside a while
+      call such as a matmul); shape of its result (e.g. "f32[4,128,128]", without its layout)
+      and its dims as a tuple, with elements their product (a tuple result, as a TPU's fusions
+      often return: dims () and elements 0); where it runs ("once", or "loop" inside a while
       body); and the operations fused into it.
     """
     text = program_text(program)
@@ -148,8 +189,8 @@ def fusions_of(program) -> list[dict]:
     loop_bodies = loop_computations(text)
     rows = []
     for where, name, shape, kind, called in fusions:
-        shape = shape.split("{")[0]
-        match = SHAPE.match(shape)
+        shape = re.sub(r"\{[^}]*\}", "", shape)  # its layouts dropped (a tuple may have several)
+        match = SHAPE.fullmatch(shape)
         dims = shape_dims(match.group(2)) if match else ()
         rows.append(
             {

@@ -1,7 +1,10 @@
-"""Recorded GPU runs: the facts of the machine, the results file, and how the book shows it.
+"""The recorded GPU run (results/gpu/results.json: one H200, 2026-12-04) and how the book
+shows it: the GPU appendix's tables, goals and plot, and the sidebars of chapters 5, 6 and 8.
 
-A GPU run (scripts/gpu_run.sh) writes one JSON file; the book renders it next to the live
-build's own figures, labelled with the device and date it was measured on.
+The GPU-only script that wrote it is gone: its benchmarks are the chapters themselves now,
+executed on any accelerator by scripts/device_run.py, which records in results/<backend>/
+(book/_ext/device_records.py renders those). This module only reads and renders the file;
+it measures nothing.
 """
 
 import json
@@ -11,8 +14,8 @@ from jaxloops.measure.comms import critical_batch
 from jaxloops.measure.published import PublishedPeaks, published_peaks
 from jaxloops.measure.render import markdown_table
 
-# Top-level sections every results file must have, and what each holds. A run writes the
-# file after every stage, so a section may be empty where a stage timed out or failed.
+# Top-level sections the results file has, and what each holds. The run wrote the file after
+# every stage, so a section may be empty where a stage timed out or failed.
 RESULT_SECTIONS = {
     "facts": "device, driver, CUDA/cuDNN and package versions, date, rehearsal or not",
     "plan": "the sizes the run used (lengths, goal length, B, N, H, ...) and the timing floor",
@@ -25,14 +28,6 @@ RESULT_SECTIONS = {
     "mlp": "device-loop throughput rows of the MLP at large batch (float32, HIGHEST)",
 }
 
-# The stages of scripts/gpu_run.sh, most valuable first, with what each does.
-STAGES = {
-    "setup": "the Python with JAX that sees the GPU, and the book's build tools",
-    "headline": "implementation report, ceilings, cuDNN sweep, MLP rows, LM step's MFU",
-    "book": "each chapter whose figures a GPU changes, executed strictly in turn",
-    "tests": "the test suite on the GPU",
-    "sweeps": "the rest of the attention sweep, the causal sweep, the plot",
-}
 STATUSES = ("ok", "failed", "timeout", "skipped", "pending")
 
 # A goal is met within this factor of the roofline's prediction: at least half the
@@ -43,12 +38,8 @@ ROOFLINE_TOLERANCE = 2.0
 SCORE_PASSES = 2
 
 
-def check_results(results: dict, *, allow_rehearsal: bool = False) -> dict:
-    """Raises ValueError naming what a results file lacks; returns it unchanged otherwise.
-
-    Args:
-      allow_rehearsal: accept a CPU rehearsal (`--rehearse`); the book never does.
-    """
+def check_results(results: dict) -> dict:
+    """Raises ValueError naming what a results file lacks; returns it unchanged otherwise."""
     if not isinstance(results, dict):
         raise ValueError(f"a results file holds a JSON object, not {type(results).__name__}")
     missing = [key for key in RESULT_SECTIONS if key not in results]
@@ -59,40 +50,11 @@ def check_results(results: dict, *, allow_rehearsal: bool = False) -> dict:
     for key in ("date", "device_kind", "backend"):
         if key not in results["facts"]:
             raise ValueError(f"results file's facts lack {key!r}")
-    if results["facts"].get("rehearsal") and not allow_rehearsal:
-        raise ValueError("this results file is a --rehearse pipeline check, not a GPU measurement")
     for name, stage in results["stages"].items():
         if stage.get("status") not in STATUSES:
             status = stage.get("status")
             raise ValueError(f"stage {name!r} has status {status!r}; expected one of {STATUSES}")
     return results
-
-
-def check_run(results: dict) -> list[str]:
-    """What went wrong in a run: stages missing, not ok (and not skipped), timed rows whose
-    shortest sample is under half the timing floor, and every recorded failure.
-
-    Returns:
-      One line per problem; [] for a clean run.
-    """
-    check_results(results, allow_rehearsal=True)
-    problems = [f"stage {name!r} has no record" for name in STAGES if name not in results["stages"]]
-    for name, stage in results["stages"].items():
-        if stage["status"] not in ("ok", "skipped"):
-            problems.append(f"stage {name!r}: {stage['status']}: {stage.get('detail', '')}")
-    floor = results["plan"].get("min_sample_seconds", 0.0)
-    for section in ("ceilings", "attention"):
-        for row in results[section]:
-            shortest = row.get("shortest_sample_seconds")
-            if shortest is not None and shortest < floor / 2:
-                problems.append(f"{section} row {_row_name(row)}: a sample of {shortest:.2g} s")
-    problems += [f"failure in {f['where']}: {f['error']}" for f in results.get("failures", [])]
-    return problems
-
-
-def _row_name(row: dict) -> str:
-    keys = ("implementation", "name", "dtype", "T", "is_causal")
-    return " ".join(str(row[k]) for k in keys if k in row)
 
 
 # Where a recorded GPU run is committed: results/gpu/results.json at the repository root
@@ -236,7 +198,7 @@ def goals(results: dict) -> list[dict]:
     goal length runs within ROOFLINE_TOLERANCE of the roofline's prediction, and its speedup
     over naive attention is at least 1 / ROOFLINE_TOLERANCE of the predicted speedup.
     """
-    check_results(results, allow_rehearsal=True)
+    check_results(results)
     plan = results["plan"]
     peaks, source = roofline_for_goals(results)
     length = plan.get("goal_length")

@@ -37,7 +37,7 @@ def draw_tree(ax, tree, title: str, colour: str) -> None:
     """One box per leaf of `tree` on the matplotlib axes `ax`: its path, shape and mean |value|."""
     rows = [
         ("/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path), leaf)
-        for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+        for path, leaf in jax.tree.leaves_with_path(tree)
     ]
     for i, (name, leaf) in enumerate(rows):
         mean = float(np.abs(np.asarray(leaf)).mean())

@@ -26,9 +26,9 @@ import statistics
 import jax
 import jax.numpy as jnp
 
-from jaxloops.backend import experiment_sizes
 from jaxloops.measure.machine import describe_backend
 from jaxloops.measure.timing import interleaved_samples
+from jaxloops.sizes import experiment_sizes
 
 ROOFLINE_ENV = "JAXLOOPS_ROOFLINE"
 # A measured rate may exceed its ceiling by this much and still be published as at most 1:

@@ -22,7 +22,7 @@ from jax.ad_checkpoint import print_saved_residuals
 from jaxloops import memory
 from jaxloops.accumulate import accumulated_grads
 from jaxloops.data import Batch
-from jaxloops.measure.compiled import lowered_flops
+from jaxloops.measure.compiled import MiB, lowered_flops, scratch_bytes
 from jaxloops.measure.published import published_peaks
 from jaxloops.precision import compute_in
 from jaxloops.transformer import TransformerConfig, init_transformer
@@ -54,10 +54,10 @@ def measure_compiled(fn, *args, options=COMPILE_ONLY) -> Measured:
     seconds = time.process_time() - start
     stats = compiled.memory_analysis()
     return Measured(
-        temp=int(stats.temp_size_in_bytes),
+        temp=scratch_bytes(stats),
         argument=int(stats.argument_size_in_bytes),
         output=int(stats.output_size_in_bytes),
-        flops=lowered_flops(lowered),  # not the compiled count: compiled.py says why
+        flops=lowered_flops(lowered, compiled),  # the lowered count: compiled.py says why
         instructions=sum(" = " in line for line in compiled.as_text().splitlines()),
         compile_seconds=seconds,
         program=compiled,
@@ -131,15 +131,20 @@ def saved_residuals(config: TransformerConfig, batch: int, length: int) -> list[
 
 
 def residual_census(config: TransformerConfig, batch: int, length: int) -> dict:
-    """`saved_residuals` summed: their bytes, and per layer how many have the (B, N, T, S)
-    size of the attention weights and how many the (B, T, F) size of the hidden layer."""
+    """`saved_residuals` summed: their bytes, and per layer how many are attention weights
+    (B, N, T, S), whatever the grouping of N, and how many are the hidden layer (B, T, F), flat
+    or not. Told apart by shape, not only size: where N * T = F (chapter 14's sizes) the two
+    have the same size, and a count by size would count every such array in both."""
     rows = saved_residuals(config, batch, length)
-    sizes = [math.prod(shape) for _, shape, _ in rows]
-    L, F = config.num_layers, config.hidden_dim
+    L, F, N, T = config.num_layers, config.hidden_dim, config.num_heads, length
+    scores = [math.prod(s) == batch * N * T * T and len(s) >= 4 and s[-2:] == (T, T)
+              for _, s, _ in rows]  # fmt: skip
+    hidden = [not is_scores and math.prod(s) == batch * T * F and s[-1:] == (F,)
+              for is_scores, (_, s, _) in zip(scores, rows)]  # fmt: skip
     return {
-        "bytes": sum(n * itemsize for n, (itemsize, _, _) in zip(sizes, rows)),
-        "scores": sum(n == batch * config.num_heads * length**2 for n in sizes) / L,
-        "hidden": sum(n == batch * length * F for n in sizes) / L,
+        "bytes": sum(math.prod(shape) * itemsize for itemsize, shape, _ in rows),
+        "scores": sum(scores) / L,
+        "hidden": sum(hidden) / L,
     }
 
 
@@ -238,7 +243,7 @@ def biggest_model_table(config, batch, length, budget, margin, confirm="L") -> l
             )
         if confirm == "B" and safe["B"]:
             held = held_bytes(config, safe["B"], length, program)
-        row[f"compiled MiB at safe {confirm}"] = None if held is None else held / 2**20
+        row[f"compiled MiB at safe {confirm}"] = None if held is None else held / MiB
         rows.append(row)
     return rows
 
@@ -267,6 +272,6 @@ def published_biggest_models(config, batch, length, fraction, margin, boards) ->
 
 def recorded_bf16_steps(results: dict | None) -> list[dict] | None:
     """A GPU run's chapter-14 step times in float32 and bfloat16 (`results["memory_steps"]`,
-    rows as `scripts/gpu_run.sh` would record them), or None where the run has none."""
+    rows as a GPU run would record them), or None where the run has none."""
     rows = (results or {}).get("memory_steps")
     return list(rows) if rows else None

@@ -24,13 +24,13 @@ import time
 
 import jax
 
+from jaxloops import processes
 from jaxloops.attention import attention
 from jaxloops.attention import textbook_attention as textbook_attention  # the control, re-exported
 from jaxloops.data import Batch
 from jaxloops.measure import breakdown
 from jaxloops.measure.compiled import lowered_flops
-from jaxloops.measure.roofline import CEILING_MARGIN, roofline, samples_beside_ceiling
-from jaxloops.measure.throughput import TWO_FREE_CORES
+from jaxloops.measure.roofline import roofline, samples_beside_ceiling
 from jaxloops.measure.timing import interleaved_samples
 from jaxloops.text import VOCAB_SIZE
 from jaxloops.train import make_optimizer, make_train_step
@@ -81,7 +81,8 @@ def step_programs(sizes: tuple[int, ...], key: jax.Array, attend=attention) -> d
     }
     lowered = {name: fn.lower(*args) for name, (fn, args) in programs.items()}
     compiled = {name: (lowered[name].compile(), programs[name][1]) for name in programs}
-    return {**compiled, "tokens": B * T, "step_flops": lowered_flops(lowered["step"])}
+    flops = lowered_flops(lowered["step"], compiled["step"][0])
+    return {**compiled, "tokens": B * T, "step_flops": flops}
 
 
 def step_rates(programs: dict, rounds: int) -> dict:
@@ -121,52 +122,6 @@ def step_breakdown(programs: dict, tries: int = 3) -> dict[str, dict]:
     seconds = breakdown.kernel_seconds(compiled, *args, tries=tries)
     kernels = breakdown.kernels_of(compiled)
     return breakdown.grouped(kernels, seconds, breakdown.transformer_group, roofline())
-
-
-def summary(rates: dict, groups: dict[str, dict]) -> dict:
-    """What chapter 11 states about one breakdown: the traced and predicted kernel time in
-    all, the matmul groups' share of the traced time, the kernels' matmul FLOPs against the
-    compiler's count, and the group furthest above its prediction."""
-    traced = sum(g["seconds"] for g in groups.values())
-    matmuls = sum(g["seconds"] for name, g in groups.items() if name.startswith("matmul"))
-    worst = max(groups, key=lambda name: groups[name]["seconds"] - groups[name]["predicted"])
-    return {
-        "traced": traced,
-        "predicted": sum(g["predicted"] for g in groups.values()),
-        "matmul_share": matmuls / traced if traced else 0.0,
-        "dot_flops": sum(g["flops"] for g in groups.values()),
-        "worst": worst,
-        "worst_traced": groups[worst]["seconds"],
-        "worst_predicted": groups[worst]["predicted"],
-    }
-
-
-def against_control(step_time: dict, groups: dict, control_groups: dict) -> dict:
-    """What chapter 11 states about the control: the step's speed-up (`step_seconds` of
-    "textbook" over "attention"), the seconds it saved, the saving the kernels' roofline
-    predicts, and the attention group's traced time in each."""
-    return {
-        "speedup": step_time["textbook"] / step_time["attention"],
-        "control_step": step_time["textbook"],
-        "saved": step_time["textbook"] - step_time["attention"],
-        "saved_predicted": sum(g["predicted"] for g in control_groups.values())
-        - sum(g["predicted"] for g in groups.values()),
-        "attention_traced": groups["attention"]["seconds"],
-        "control_attention_traced": control_groups["attention"]["seconds"],
-    }
-
-
-def draw_breakdown(ax, groups: dict[str, dict], title: str) -> None:
-    """Each group's traced and roofline milliseconds as paired horizontal bars."""
-    names = list(groups)[::-1]
-    y = range(len(names))
-    ax.barh([i + 0.2 for i in y], [1e3 * groups[n]["seconds"] for n in names], 0.4,
-            label="traced")  # fmt: skip
-    ax.barh([i - 0.2 for i in y], [1e3 * groups[n]["predicted"] for n in names], 0.4,
-            label="at the roofline")  # fmt: skip
-    ax.set_yticks(list(y), names, fontsize=8)
-    ax.set(xlabel="milliseconds per step (kernels summed)", title=title)
-    ax.legend(fontsize=8)
 
 
 def page_faults(programs: dict, name: str = "step", calls: int = 5) -> float:
@@ -215,7 +170,6 @@ def rates_in_fresh_process(
     whose glibc is given the tunables of `allocator` (a name in `ALLOCATORS`); the same
     environment otherwise (`env`, default this process's), so it shares this build's
     roofline. Returns the worker's JSON, plus "wall": its seconds."""
-    from jaxloops import workers
 
     if allocator not in ALLOCATORS:
         raise ValueError(f"allocator must be one of {list(ALLOCATORS)}, got {allocator!r}")
@@ -224,107 +178,13 @@ def rates_in_fresh_process(
         env["GLIBC_TUNABLES"] = with_tunable(env.get("GLIBC_TUNABLES", ""), name, value)
     sizes_arg = ",".join(str(int(n)) for n in sizes)
     start = time.perf_counter()
-    command = workers.command("step_speed", "--sizes", sizes_arg, "--rounds", rounds)
+    command = processes.command("step_speed", "--sizes", sizes_arg, "--rounds", rounds)
     command += ["--breakdown"] if breakdown else []
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the step-speed worker failed:\n{done.stderr[-2000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
     return {**result, "wall": time.perf_counter() - start}
-
-
-def allocator_findings(faults: float, temp_bytes: int, runs: dict):
-    """Chapter 11's page-fault claims against the figures: (the claims they contradict, the
-    paragraph that reports them).
-
-    faults: page faults per step measured in this process; temp_bytes: the step's
-    temporaries; runs: `allocator_runs`, one result per name of `ALLOCATORS`.
-    The claims: about one fault per 4 KiB page of the temporaries (measured/predicted between
-    0.5 and 2); with huge pages at least 10x fewer faults (its step time is reported, not
-    claimed: from 0.80 to 0.95 of the default's in the runs measured, too close to their
-    spread); with memory kept fewer faults (usually none; builds read 1,723 of 16,048 once
-    and, in a CI run, 6,444 of 16,001), a step at least 5 % faster (0.65 to 0.74 of the
-    default's), and the gradient fewer forward passes than with glibc's defaults (0.59 to
-    0.86 times as many in builds).
-    """
-    small, huge, kept = (runs[name] for name in ALLOCATORS)
-    pages = temp_bytes / 4096
-    s, h, k = (r["seconds"]["step"] for r in (small, huge, kept))
-    ratio = {name: r["gradient_over_forward"] for name, r in runs.items()}
-    claims = {
-        f"one fault per page: {faults:,.0f} faults for {pages:,.0f} pages": 0.5
-        < faults / pages
-        < 2,
-        f"10x fewer faults: {small['faults']:,.0f} -> {huge['faults']:,.0f}": (
-            huge["faults"] < small["faults"] / 10
-        ),
-        f"fewer faults kept: {small['faults']:,.0f} -> {kept['faults']:,.0f}": (
-            kept["faults"] < small["faults"]
-        ),
-        f"a step 5 % faster kept: {s:.4f} s -> {k:.4f} s": k < 0.95 * s,
-        f"gradient / forward lower kept: {ratio}": ratio["memory kept"] < ratio["4 KiB pages"],
-    }
-    paragraph = (
-        "In the median fresh process of each kind, with 4 KiB pages the step faulted "
-        f"{small['faults']:,.0f} times and took {s:.4f} s ({small['of_ceiling']:.0%} of the "
-        "ceiling); with huge pages, "
-        f"{huge['faults']:,.0f} faults and {h:.4f} s ({huge['of_ceiling']:.0%}); with memory "
-        f"kept, {kept['faults']:,.0f} faults "
-        f"and {k:.4f} s ({kept['of_ceiling']:.0%}). The allocator took {(s - k) / s:.0%} of the "
-        "default step's time. The gradient took "
-        f"{ratio['4 KiB pages']:.2f} times the forward pass with glibc's defaults and "
-        f"{ratio['memory kept']:.2f} with memory kept. The page asserts a measured/predicted "
-        "fault count between 0.5 and 2; with huge pages, the tenfold drop in faults, and not "
-        "the step's time, whose change is too small against the spread of fresh processes "
-        "of one kind to claim; with memory kept, fewer faults, a step at least 5 % faster and "
-        "a gradient of fewer forward passes."
-    )
-    return [claim for claim, holds in claims.items() if not holds], paragraph
-
-
-# Chapter 11's goals for the train step at `LanguageModelSizes.goal`, on two free CPU cores:
-# 45 % of the ceiling, and a gradient of at most 3.6 forward passes, well under the 4 of a
-# gradient that computes the forward pass again (3 are predicted). Quiet builds read 54 to
-# 67 % and 2.94 to 3.25 (the step is a median, the ceiling the best sample, so a slow hour
-# lowers the first); the first goals, 55 % and 3.3, sat close enough to those for fresh-clone
-# CI builds to miss them (3.32 once, 54 % once).
-GOAL_OF_CEILING, GOAL_GRADIENT_OVER_FORWARD = 0.45, 3.6
-
-
-def goal_findings(goal: dict, cores: float, cpu_count: int):
-    """Chapter 11's goal claims against a fresh process's `step_rates` (`goal`) and the cores
-    `measure.free_cores` found free around it: (the claims they contradict, the sentence that
-    reports them).
-
-    Always: the step is under its ceiling (within `CEILING_MARGIN`). On a 2-core machine with
-    at least `TWO_FREE_CORES` free (about 2.0 when idle, 1.05 to 1.6 with one core kept busy):
-    at least `GOAL_OF_CEILING` of the ceiling, and a gradient of at most
-    `GOAL_GRADIENT_OVER_FORWARD` forward passes. Elsewhere the goals are not checked, and the
-    sentence says why.
-    """
-    of, ratio = goal["of_ceiling"], goal["gradient_over_forward"]
-    claims = {f"under the ceiling: {of:.2f}": of <= 1 + CEILING_MARGIN}
-    measured = (
-        f"In a fresh process with memory kept, the step ran at {of:.0%} of the "
-        f"{goal['ceiling'] / 1e9:.0f} GFLOP/s ceiling ({goal['tokens_per_s']:,.0f} tokens/s), "
-        f"and its gradient took {ratio:.2f} times its forward pass"
-    )
-    if cpu_count == 2 and cores >= TWO_FREE_CORES:
-        claims[f"at least {GOAL_OF_CEILING:.0%} of the ceiling: {of:.2f}"] = of >= GOAL_OF_CEILING
-        claims[f"gradient / forward at most {GOAL_GRADIENT_OVER_FORWARD}: {ratio:.2f}"] = (
-            ratio <= GOAL_GRADIENT_OVER_FORWARD
-        )
-        sentence = (
-            f"{measured}, with {cores:.2f} of 2 cores free: both goals met (the page checks "
-            "both on every build that finds two cores free)."
-        )
-    else:
-        sentence = (
-            f"{measured}. This build found {cores:.2f} of {cpu_count} cores free, not the two "
-            "free cores of a 2-core machine the goals are set for, so the page checks only that "
-            "the step stays under its ceiling."
-        )
-    return [claim for claim, holds in claims.items() if not holds], sentence
 
 
 def allocator_runs(

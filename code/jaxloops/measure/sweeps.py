@@ -26,7 +26,7 @@ from jaxloops.kvcache import decode_attention
 from jaxloops.measure.compiled import compiled_costs, compiled_fusions
 from jaxloops.measure.kernels import attention_fn, run_attention
 from jaxloops.measure.roofline import samples_beside_ceiling
-from jaxloops.measure.timing import calls_per_sample, interleaved_samples, queued
+from jaxloops.measure.timing import calls_per_sample, interleaved_samples, paired_ratio, queued
 
 MATERIALISING = ("naive", "xla")  # implementations that build the (B, N, T, S) scores
 
@@ -372,7 +372,7 @@ def causal_sweep(key: jax.Array, lengths, implementations, *, dtype, **shape) ->
                 "T": full["T"],
                 "full_seconds": full["seconds"],
                 "causal_seconds": causal["seconds"],
-                "speedup": statistics.median(ratios) if ratios else None,
+                "speedup": paired_ratio(full["samples"], causal["samples"]) if ratios else None,
                 "speedup_low": min(ratios) if ratios else None,
                 "speedup_high": max(ratios) if ratios else None,
                 "full_flops": full["flops"],

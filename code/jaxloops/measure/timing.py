@@ -18,6 +18,7 @@ The timing rule, for every figure the book publishes:
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import pathlib
 import statistics
@@ -27,6 +28,10 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+
+from jaxloops import processes
+from jaxloops import sizes as sizes_module
 
 # The event JAX records once per XLA compilation (jax/_src/dispatch.py).
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -147,6 +152,25 @@ def allocated_bytes(tree) -> int:
     )
 
 
+def laid_out_bytes(shape, dtype, layout) -> int:
+    """Bytes of an array of `shape` and `dtype` as `layout` (a `jax.Layout`: an array's
+    `.format.layout`, or a compiled program's `input_formats`) lays it out on its device.
+
+    The dims are taken in the layout's major-to-minor order and the minor-most ones padded to
+    a multiple of its first tile: a TPU stores float32 in tiles of (8, 128) (sublanes by
+    lanes; the compiler picks smaller ones, such as (4, 128), for small arrays), so a
+    (5, 7, 11, 9) array with 7 and 11 minor-most holds 5 x 9 x 8 x 128 elements. A layout
+    without tiles (a CPU's) holds the shape's bytes.
+    """
+    dims = [shape[d] for d in layout.major_to_minor] if layout.major_to_minor else list(shape)
+    for tile in (layout.tiling or ())[:1]:  # later tiles subdivide the first: no more padding
+        dims = [1] * max(len(tile) - len(dims), 0) + dims  # a tile longer than the rank
+        for i, t in zip(range(len(dims) - len(tile), len(dims)), tile):
+            dims[i] = -(-dims[i] // t) * t if t > 0 else dims[i]
+    bits = layout.sub_byte_element_size_in_bits or 8 * jnp.dtype(dtype).itemsize
+    return -(-math.prod(dims) * bits // 8)
+
+
 def compile_in_fresh_process(cache_dir: str | os.PathLike | None, sizes=None) -> float:
     """Seconds a new Python process takes to trace, lower and compile the book's training
     program (`jaxloops.workers.cache_probe`), with JAX's persistent compilation cache in
@@ -154,23 +178,39 @@ def compile_in_fresh_process(cache_dir: str | os.PathLike | None, sizes=None) ->
 
     Every compilation is cached (the minimum compile time to cache is set to 0 s); a second
     process with the same `cache_dir` loads the executable instead of compiling it. The
-    process runs on this process's default backend, at `sizes` (a `LoopSizes`; default:
-    `experiment_sizes().loop` of this process), without preallocating a GPU's memory.
+    process runs on this process's default backend where a second process can open it (on a
+    TPU, whose chip this process holds, on the CPU: `processes.device_env`), at `sizes` (a
+    `LoopSizes`; default: `experiment_sizes().loop` of this process).
     """
-    from jaxloops import backend, workers
-
-    sizes = backend.experiment_sizes().loop if sizes is None else sizes
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
-    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # share the GPU with this process
+    sizes = sizes_module.experiment_sizes().loop if sizes is None else sizes
+    env = processes.device_env()
+    env = {k: v for k, v in env.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     if cache_dir is not None:
         env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
         env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
         env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-    probe = workers.command("cache_probe", "--sizes", workers.sizes_json(loop=sizes))
+    probe = processes.command("cache_probe", "--sizes", processes.sizes_json(loop=sizes))
     done = subprocess.run(probe, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the compile probe failed:\n{done.stderr[-2000:]}")
     return float(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
+
+
+def callback_cache_counts(cache_dir: str | os.PathLike) -> dict[str, dict[str, int]]:
+    """What JAX's persistent cache (in `cache_dir`) counted for a program with a host
+    callback and the same program without one, each compiled in a new process
+    (`jaxloops.workers.cache_probe --callback`): {"callback": {"requests", "hits",
+    "writes"}, "plain": {...}}. Run twice on one folder, the plain program is loaded the
+    second time; the callback program is requested and compiled each time, never stored."""
+    env = {k: v for k, v in processes.device_env().items() if not k.startswith("JAX_COMPIL")}
+    env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    probe = processes.command("cache_probe", "--callback")
+    done = subprocess.run(probe, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the callback probe failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 _BUILD = pathlib.Path(__file__).resolve().parents[3] / "_build"  # in a checkout of the book
@@ -225,6 +265,24 @@ def interleaved_samples(
                 jax.block_until_ready(run())
             samples[name].append(_seconds(run))
     return samples
+
+
+def paired_ratio(a: list[float], b: list[float]) -> float:
+    """Median over rounds of a's time over b's in the same round (two runs' lists from
+    `interleaved_samples`): a slow moment of a shared machine, which lasts longer than a
+    round, divides out of each ratio."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired samples need the same length, at least 1: {len(a)}, {len(b)}")
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+def worst_paired_ratio(a: list[float], b: list[float]) -> float:
+    """The largest over rounds of a's time over b's in the same round: the book's one rule
+    for a claim that a is faster than b (or b slower than a by some factor) is that it holds
+    in this, the worst of its paired rounds, on every build and backend."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired samples need the same length, at least 1: {len(a)}, {len(b)}")
+    return max(x / y for x, y in zip(a, b))
 
 
 def interleaved_seconds(runs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:

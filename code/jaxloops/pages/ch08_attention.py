@@ -1,34 +1,16 @@
-"""Chapter 8's figures, derived from the rows, fusions and timings its experiments return,
-and chapter 9's verdict on its causal speedups."""
+"""Chapter 8's page: attention's scratch, FLOPs and latency against T, predicted and
+measured; what XLA fuses; the fused kernels and the numerics (book/08_attention.md)."""
 
 import jax.numpy as jnp
-import numpy as np
 
-from jaxloops.measure.throughput import TWO_FREE_CORES
-
-MiB = 2**20
+from jaxloops.measure.render import subplots
+from jaxloops.measure.timing import paired_ratio
+from jaxloops.pages.common import MiB
 
 
 def scores_bytes(batch: int, heads: int, length: int) -> int:
     """Bytes of one float32 (B, N, T, S) array with T = S = `length`."""
     return batch * heads * length * length * 4
-
-
-def grad_memory_figures(memory: list[dict], batch: int, heads: int, length: int) -> dict:
-    """Forward and gradient scratch (MiB) of naive, blockwise with its custom VJP, and
-    blockwise under plain `jax.grad` (`memory`'s rows, in that order)."""
-    naive, block, plain = memory
-    return {
-        "T_mem": length,
-        "naive_grad_mib": float(naive["grad"]),
-        "block_grad_mib": float(block["grad"]),
-        "plain_grad_mib": float(plain["grad"]),
-        "plain_ratio": float(plain["grad"] / block["grad"]),
-        "grad_ratio": float(naive["grad"] / block["grad"]),
-        "plain_scores_copies": float(plain["grad"] * MiB / scores_bytes(batch, heads, length)),
-        "naive_fwd_mib": float(naive["forward"]),
-        "block_fwd_mib": float(block["forward"]),
-    }
 
 
 def growth_figures(rows: dict, lengths, batch: int, heads: int) -> dict:
@@ -130,11 +112,6 @@ def fusion_figures(naive: list[dict], xla: list[dict], elements: int, length: in
     }
 
 
-def paired_ratios(a: dict, b: dict) -> list[float]:
-    """a's time over b's, call by call (rows with "samples"), sorted."""
-    return sorted(x / y for x, y in zip(a["samples"], b["samples"]))
-
-
 def parts_figures(parts: list[dict]) -> dict:
     """Naive attention's parts against their predictions and their controls (rows of
     `naive_attention_parts` with "predicted" and "ratio")."""
@@ -145,7 +122,7 @@ def parts_figures(parts: list[dict]) -> dict:
         part["control: square matmul, FLOPs of Q Kᵀ"],
     )
     qk, mix = part["scores: Q Kᵀ"], part["mix: weights V"]
-    exp_ratios = paired_ratios(softmax, no_exp)  # softmax / control, call by call
+    exp_ratios = [x / y for x, y in zip(softmax["samples"], no_exp["samples"])]  # call by call
     moves = [p for p in parts if p is not whole and not p["part"].startswith("control")]
     worst = max(moves, key=lambda p: p["seconds"] - p["predicted"])
     return {
@@ -160,12 +137,12 @@ def parts_figures(parts: list[dict]) -> dict:
         "softmax_ratio": float(softmax["ratio"]),
         "worst_part": worst["part"],
         "square_part_ms": float(square["seconds"] * 1e3),
-        "qk_vs_square": float(np.median(paired_ratios(qk, square))),
-        "mix_vs_square": float(np.median(paired_ratios(mix, square))),
+        "qk_vs_square": paired_ratio(qk["samples"], square["samples"]),
+        "mix_vs_square": paired_ratio(mix["samples"], square["samples"]),
         "no_exp_ms": float(no_exp["seconds"] * 1e3),
-        "exp_ratio": float(np.median(exp_ratios)),
-        "exp_ratio_low": float(exp_ratios[0]),
-        "exp_ratio_high": float(exp_ratios[-1]),
+        "exp_ratio": paired_ratio(softmax["samples"], no_exp["samples"]),
+        "exp_ratio_low": float(min(exp_ratios)),
+        "exp_ratio_high": float(max(exp_ratios)),
         "worst_excess_ms": float((worst["seconds"] - worst["predicted"]) * 1e3),
         "exp_per_ns": float(softmax["transcendentals"] / softmax["seconds"] / 1e9),
         "parts_share": float(softmax["seconds"] / whole["seconds"] * 100),
@@ -188,79 +165,125 @@ def formula_ratios(rows: dict, short: int, long: int, formula, batch: int, heads
     }
 
 
-# Chapter 9's goal: causal blockwise attention with its defaults, at every T >= 1024 of the
-# sweep, at least CAUSAL_GOAL times as fast as the full call, on the 2-core CPU the defaults
-# were tuned on with both cores free. Elsewhere the page checks CAUSAL_FLOOR at T >= 2048.
-# The tiles' scores predict 1.78 and a call that skipped nothing would read about 1 (XLA's
-# does); quiet builds read 1.37 to 1.61 at T = 1024, so a goal of 1.4 failed a fresh-clone
-# CI build (1.37), and the goal sits an eighth under the lowest quiet reading.
-CAUSAL_GOAL, CAUSAL_FLOOR = 1.2, 1.1
+def log2_axes(*axes) -> None:
+    from matplotlib.ticker import ScalarFormatter
+
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
 
 
-def on_tuned_machine(cores: float, cpu_count: int, backend: str) -> bool:
-    """Whether a build runs where chapter 9's defaults were tuned: a 2-core CPU with at least
-    `TWO_FREE_CORES` free (`free_cores`)."""
-    return backend == "cpu" and cpu_count == 2 and cores >= TWO_FREE_CORES
-
-
-def _off_the_tuned_machine(cores: float, cpu_count: int, backend: str) -> str:
-    """What a build off the tuned machine found: the clause chapter 9's verdicts end with."""
-    if backend == "cpu":
-        return f"this build found {cores:.2f} of {cpu_count} cores free"
-    return f"this build runs on a {backend}, where the defaults were never tuned"
-
-
-def causal_goal(speedups: dict[int, float], cores: float, cpu_count: int, backend: str):
-    """The causal speedups (T -> full / causal, T >= 1024) against chapter 9's goal: (the
-    claims they contradict, the sentence that says what was checked, the lengths checked).
-
-    `on_tuned_machine`: at least CAUSAL_GOAL at every T. Elsewhere (a core taken, another
-    CPU, a GPU) at least CAUSAL_FLOOR at T >= 2048 only: with a core taken, busy builds read
-    1.03 to 1.49 at T = 1024, where the tiles run unrolled, and 1.56 to 1.60 at T = 2048.
-    """
-    if not speedups:
-        raise ValueError("no causal speedup at T >= 1024 to check")
-    tuned = on_tuned_machine(cores, cpu_count, backend)
-    bound = CAUSAL_GOAL if tuned else CAUSAL_FLOOR
-    checked = sorted(T for T in speedups if tuned or T >= 2048)
-    failed = [
-        f"causal >= {bound}x full at T = {T}: {speedups[T]:.2f}"
-        for T in checked
-        if speedups[T] < bound
-    ]
-    if tuned:
-        sentence = (
-            f"the page checks {bound} at every T ≥ 1024 (a call that skipped nothing would read "
-            f"about 1), on every build that finds both cores of a 2-core CPU free, the machine "
-            f"the defaults were tuned on ({cores:.2f} cores free here)"
-        )
-    else:
-        sentence = (
-            f"the page checks {bound} at T ≥ 2048 only: the goal, {CAUSAL_GOAL} at every "
-            f"T ≥ 1024, is set for a 2-core CPU with both cores free, and "
-            f"{_off_the_tuned_machine(cores, cpu_count, backend)}"
-        )
-    return failed, sentence, checked
-
-
-def unroll_findings(ratio: dict[str, float], cores: float, cpu_count: int, backend: str):
-    """Chapter 9's control at T = 1024 (`ratio`: each call's full / call time, paired medians,
-    for "causal", "causal, unroll=False" and "full, unroll=True"): (the claims it
-    contradicts, the clause that reports unrolled over walked).
-
-    Always: full attention unrolled is no faster than walked (at most 1.05). `on_tuned_machine`
-    only: the unrolled causal call is faster than the walked one.
-    """
-    gain = ratio["causal"] / ratio["causal, unroll=False"]  # the same tiles: unrolled / walked
-    tuned = on_tuned_machine(cores, cpu_count, backend)
-    claims = {
-        f"full attention no faster unrolled: {ratio}": ratio["full, unroll=True"] <= 1.05,
-        f"unrolled causal faster than walked: {ratio}": gain > 1 or not tuned,
-    }
-    clause = f"{gain:.2f} times as fast as walked" + (
-        ", faster, as the page checks on the 2-core CPU the defaults were tuned on, both cores free"
-        if tuned
-        else "; the page checks the direction only on the 2-core CPU the defaults were tuned "
-        f"on, with both cores free, and {_off_the_tuned_machine(cores, cpu_count, backend)}"
+def scratch_and_flops(rows: dict, lengths, names: dict, *, batch: int, heads: int, head_dim: int):
+    """Compiled scratch and FLOPs against T = S, per implementation, beside one (B, N, T, S)
+    float32 array and 4·B·N·T·S·H. `rows`: (implementation, T) -> sweep row."""
+    fig, (mem_ax, flop_ax) = subplots(1, 2, figsize=(11, 4))
+    # Where naive and XLA need the same scratch their lines coincide: XLA is drawn dashed with
+    # open, larger markers so both stay visible, and the legend says where they overlap.
+    same = [t for t in lengths if rows["naive", t]["temp_bytes"] == rows["xla", t]["temp_bytes"]]
+    xla_note = (
+        ""
+        if not same
+        else " (same as naive)"
+        if same == list(lengths)
+        else f" (same as naive from T = {min(same)})"
     )
-    return [claim for claim, holds in claims.items() if not holds], clause
+    styles = {
+        "naive": dict(marker="o", linestyle="-"),
+        "xla": dict(marker="s", linestyle="--", markersize=9, markerfacecolor="none"),
+        "blockwise": dict(marker="^", linestyle="-"),
+    }
+    for name in ("naive", "xla", "blockwise"):
+        mem_ax.loglog(
+            lengths,
+            [rows[name, t]["temp_bytes"] / MiB for t in lengths],
+            label=names[name] + (xla_note if name == "xla" else ""),
+            **styles[name],
+        )
+    mem_ax.loglog(
+        lengths,
+        [batch * heads * t * t * 4 / MiB for t in lengths],
+        "k:",
+        label="one float32 (B, N, T, S) array",
+    )
+    mem_ax.set(
+        xlabel="sequence length T = S (tokens)",
+        ylabel="compiled scratch memory (MiB)",
+        title="Temporary memory",
+    )
+    flop_ax.loglog(
+        lengths, [rows["naive", t]["flops"] / 1e9 for t in lengths], "o-", label=names["naive"]
+    )
+    flop_ax.loglog(
+        lengths,
+        [4 * batch * heads * t * t * head_dim / 1e9 for t in lengths],
+        "k:",
+        label="4·B·N·T·S·H (the two matmuls)",
+    )
+    flop_ax.set(
+        xlabel="sequence length T = S (tokens)",
+        ylabel="GFLOP per call",
+        title="FLOPs (XLA cost analysis)",
+    )
+    log2_axes(mem_ax, flop_ax)
+    for ax in (mem_ax, flop_ax):
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def latency(rows: dict, lengths, names: dict, predicted, title: str):
+    """Median latency against T = S for each implementation that ran, and the roofline's
+    prediction (`predicted(name, T)[0]`, seconds) for naive and blockwise."""
+    fig, ax = subplots(figsize=(6.5, 4))
+    for i, name in enumerate(("naive", "xla", "blockwise")):
+        timed = [t for t in lengths if rows[name, t]["seconds"] is not None]
+        ax.loglog(
+            timed,
+            [rows[name, t]["seconds"] * 1e3 for t in timed],
+            "o-",
+            color=f"C{i}",
+            label=f"{names[name]}, measured",
+        )
+    for i, name in ((0, "naive"), (2, "blockwise")):
+        timed = [t for t in lengths if rows[name, t]["seconds"] is not None]
+        ax.loglog(
+            timed,
+            [predicted(name, t)[0] * 1e3 for t in timed],
+            ":",
+            color=f"C{i}",
+            label=f"{name}, roofline prediction",
+        )
+    log2_axes(ax)
+    ax.set(xlabel="sequence length T = S (tokens)", ylabel="median latency (ms)", title=title)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def cudnn_figures(report: list[dict]) -> dict:
+    """Whether any cuDNN request ran (`implementation_report` rows), and the first refusal."""
+    cudnn = [r for r in report if r["implementation"] == "cudnn"]
+    error = next((r["error"] for r in cudnn if not r["works"]), "")
+    return {
+        "cudnn_status": "ran, and its program contains the fused-attention call"
+        if any(r["works"] for r in cudnn)
+        else "refused every request",
+        "cudnn_error": error or "none",
+    }
+
+
+def numerics_figures(numerics: list[dict]) -> dict:
+    """The worst error of each dtype (`numerics_table` rows that ran), and the bfloat16 errors
+    of naive, XLA and blockwise."""
+    ran = [r for r in numerics if r["max_abs_error"] is not None]
+    worst = {}
+    for row in ran:
+        worst[row["dtype"]] = max(worst.get(row["dtype"], 0.0), row["max_abs_error"])
+    return {
+        "err_f32": float(worst["float32"]),
+        "err_bf16": float(worst["bfloat16"]),
+        "bf16_errors": [
+            r["max_abs_error"]
+            for r in ran
+            if r["dtype"] == "bfloat16" and r["implementation"] in ("naive", "xla", "blockwise")
+        ],
+    }

@@ -1,59 +1,17 @@
-"""Chapter 10's figures, derived from the rows that its experiments return."""
-
-import jax
-import numpy as np
+"""Chapter 10's page: head grouping and the cache's layout drawn, the decode sweep's figures,
+tables and plots, and what serving a large model would keep (book/10_heads_and_cache.md)."""
 
 from jaxloops.kvcache import attention_kind, kv_cache_bytes
-from jaxloops.measure.compiled import loop_copies
+from jaxloops.measure.render import subplots
 from jaxloops.measure.roofline import CEILING_MARGIN
-from jaxloops.measure.throughput import paired_ratio
+from jaxloops.measure.timing import paired_ratio
+from jaxloops.pages.ch08_attention import log2_axes
+from jaxloops.pages.common import MiB
 
-MiB = 2**20
 # How far a step may beat the floor when every cache, and the floor's own read, fit in the
 # last-level cache: the floor's bandwidth is then a cached read's, and a smaller cache sits
 # closer to the cores (a CI build read 1.06; others below 1).
 IN_CACHE_MARGIN = 0.25
-
-
-def loop_memory_rows(
-    loops: dict,
-    *,
-    heads: int,
-    head_dim: int,
-    length: int,
-    steps: int,
-    batches,
-    kv_choices,
-    dtype,
-) -> list[dict]:
-    """Compile each decode loop for each (B, K) and read its aliased bytes, its scratch, and
-    the cache-sized copies inside its loop bodies (`loop_copies`).
-
-    Args:
-      loops: name -> a jitted loop `(queries, keys, values, cache_key, cache_value, start)`.
-    """
-
-    rows = []
-    for B in batches:
-        for K in kv_choices:
-            queries = jax.ShapeDtypeStruct((B, steps, heads, head_dim), dtype)  # (B, T, N, H)
-            new = jax.ShapeDtypeStruct((B, steps, K, head_dim), dtype)  # (B, T, K, H)
-            cache = jax.ShapeDtypeStruct((B, K, length, head_dim), dtype)  # (B, K, S, H)
-            elements = B * K * length * head_dim
-            row = {
-                "kind": attention_kind(heads, K),
-                "B": B,
-                "K": K,
-                "cache MiB (K and V)": 2 * elements * np.dtype(dtype).itemsize / MiB,
-            }
-            for name, loop in loops.items():
-                compiled = loop.lower(queries, new, new, cache, cache, 0).compile()
-                memory = compiled.memory_analysis()
-                row["aliased MiB"] = memory.alias_size_in_bytes / MiB  # same for each loop
-                row[f"scratch MiB, {name}"] = memory.temp_size_in_bytes / MiB
-                row[f"copies, {name}"] = loop_copies(compiled, elements)
-            rows.append(row)
-    return rows
 
 
 def in_place_figures(rows: list[dict], large_batch: int) -> dict:
@@ -192,10 +150,12 @@ def floor_figures(decode: list[dict], llc: int | None, length: int, heads: int) 
     if fastest:
         note = (
             f" Caches that fit in the processor's {llc / MiB:.0f} MiB last-level cache are "
-            f"left out of that check, since the floor's bandwidth is main memory's, measured "
-            f"on a larger read; the fastest of them, {attention_kind(heads, fastest['K'])} "
-            f"at S = {fastest['S']} ({fastest['cache_bytes'] / MiB:.0f} MiB), ran at "
-            f"{share(fastest):.2f} of its floor's speed."
+            f"left out of that check: the floor's bandwidth is that of a larger read, and a "
+            f"cache that small can sit nearer the cores than that read did, so for them the "
+            f"roofline is no floor at all. The fastest of them, "
+            f"{attention_kind(heads, fastest['K'])} at S = {fastest['S']} "
+            f"({fastest['cache_bytes'] / MiB:.0f} MiB), ran at {share(fastest):.2f} times "
+            f"the main-memory roofline's speed."
         )
     margin = CEILING_MARGIN
     if by_size:
@@ -221,11 +181,6 @@ def floor_figures(decode: list[dict], llc: int | None, length: int, heads: int) 
     }
 
 
-def paired_median(a: dict, b: dict) -> float:
-    """Median over calls of a's time over b's, sample by sample (rows with "samples")."""
-    return float(paired_ratio({"a": a["samples"], "b": b["samples"]}, "a", "b"))
-
-
 def layout_figures(layout_rows: list[dict]) -> dict:
     """`decode_layout_control`'s four calls split apart: the layout alone, the function
     alone, and both at once, each against `decode_attention` on the heads-major cache."""
@@ -233,9 +188,9 @@ def layout_figures(layout_rows: list[dict]) -> dict:
     heads_major, swapped = "(B, K, S, H)", "(B, S, K, H)"
     base = cell["decode_attention", heads_major]
     return {
-        "layout_alone": paired_median(cell["decode_attention", swapped], base),
-        "function_alone": paired_median(cell["attention", heads_major], base),
-        "general_ratio": paired_median(cell["attention", swapped], base),
+        "layout_alone": paired_ratio(cell["decode_attention", swapped]["samples"], base["samples"]),
+        "function_alone": paired_ratio(cell["attention", heads_major]["samples"], base["samples"]),
+        "general_ratio": paired_ratio(cell["attention", swapped]["samples"], base["samples"]),
         "heads_major_ms": float(base["seconds"] * 1e3),
         "general_ms": float(cell["attention", swapped]["seconds"] * 1e3),
         "general_transposes": cell["attention", swapped]["transposes"],
@@ -271,3 +226,101 @@ def serving_figures(
         "ex_fit_mha": free_bytes // per_sequence_mha,
         "ex_gib_per_head": kv_cache_bytes(kv_heads=1, length=context, batch=batch, **shape) / 2**30,
     }
+
+
+def kv_grouping(heads: int, kv_choices):
+    """N query heads (top) joined to the K key/value head (bottom) each reads, per K."""
+    from matplotlib.patches import Rectangle
+
+    fig, axes = subplots(1, len(kv_choices), figsize=(11, 2.6))
+    for ax, kv_heads in zip(axes, kv_choices):
+        group = heads // kv_heads
+        for n in range(heads):
+            ax.add_patch(Rectangle((n, 1.6), 0.85, 0.6, color=f"C{n // group}", alpha=0.85))
+            ax.text(n + 0.42, 1.9, f"{n}", ha="center", va="center", fontsize=6, color="white")
+        for k in range(kv_heads):
+            left = k * group + (group - 0.85) / 2  # the K/V head sits under its group's middle
+            ax.add_patch(Rectangle((left, 0), 0.85, 0.6, color=f"C{k}"))
+            ax.text(left + 0.42, 0.3, f"kv{k}", ha="center", va="center", fontsize=7, color="white")
+            for n in range(k * group, (k + 1) * group):
+                ax.plot([n + 0.42, left + 0.42], [1.6, 0.6], color=f"C{k}", linewidth=0.8)
+        ax.set(
+            xlim=(-0.3, heads + 0.2),
+            ylim=(-0.3, 2.5),
+            title=f"{attention_kind(heads, kv_heads)}: K = {kv_heads}, G = {group}",
+        )
+        ax.axis("off")
+    fig.suptitle("N query heads (top) read K key/value heads (bottom): head n reads n // G", y=1.02)
+    return fig
+
+
+def cache_layout(batch: int = 2, kv_heads: int = 2, length: int = 6, group: int = 4):
+    """One layer's keys in memory, (B, K, S, H) row-major, one cell per slot."""
+    from matplotlib.patches import Rectangle
+
+    fig, ax = subplots(figsize=(11, 2.4))
+    x = 0
+    for b in range(batch):
+        for k in range(kv_heads):
+            for s in range(length):
+                ax.add_patch(Rectangle((x, 0), 0.95, 1, color=f"C{k}", alpha=0.35 + 0.1 * s))
+                ax.text(x + 0.47, 0.5, f"s{s}", ha="center", va="center", fontsize=7)
+                x += 1
+            ax.annotate(
+                "",
+                xy=(x - length, 1.15),
+                xytext=(x, 1.15),
+                arrowprops=dict(arrowstyle="<->", color="black", linewidth=0.8),
+            )
+            ax.text(
+                x - length / 2,
+                1.35,
+                f"b{b}, kv head {k}: S × H contiguous",
+                ha="center",
+                fontsize=8,
+            )
+            ax.text(
+                x - length / 2,
+                -0.45,
+                f"read once for q{k * group}..q{(k + 1) * group - 1}",
+                ha="center",
+                fontsize=8,
+                color=f"C{k}",
+            )
+            x += 0.4
+    ax.set(xlim=(-0.2, x), ylim=(-0.8, 1.7))
+    ax.axis("off")
+    ax.set_title(
+        "One layer's keys in memory, (B, K, S, H) row-major: each cell is one slot's "
+        "H numbers; values are laid out the same way",
+        fontsize=9,
+    )
+    return fig
+
+
+def decode_times(decode: list[dict], kv_choices, *, batch: int, heads: int, head_dim: int):
+    """Measured and predicted step time against S, and their ratio, one line per K."""
+    fig, (time_ax, ratio_ax) = subplots(1, 2, figsize=(11, 4))
+    for i, kv_heads in enumerate(kv_choices):
+        mine = [r for r in decode if r["K"] == kv_heads]
+        label = f"{attention_kind(heads, kv_heads)} (K = {kv_heads})"
+        lengths = [r["S"] for r in mine]
+        time_ax.loglog(
+            lengths, [r["seconds"] * 1e3 for r in mine], "o-", color=f"C{i}", label=label
+        )
+        time_ax.loglog(lengths, [r["predicted"] * 1e3 for r in mine], ":", color=f"C{i}")
+        ratio_ax.semilogx(
+            lengths, [r["seconds"] / r["predicted"] for r in mine], "o-", color=f"C{i}", label=label
+        )
+    log2_axes(time_ax, ratio_ax)
+    for ax in (time_ax, ratio_ax):
+        ax.set_xlabel("cached tokens S")
+        ax.legend(fontsize=8)
+    time_ax.set(
+        ylabel="decode step (ms)",
+        title=f"measured (solid) and roofline (dotted); B = {batch}, N = {heads}, H = {head_dim}",
+    )
+    ratio_ax.axhline(1, color="gray", linewidth=0.8)
+    ratio_ax.set(ylabel="measured / predicted", title="How far each kind is from its roofline")
+    fig.tight_layout()
+    return fig

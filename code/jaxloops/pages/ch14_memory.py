@@ -1,8 +1,9 @@
-"""Chapter 14's figures, drawn from the rows of `jaxloops.measure.memory`."""
+"""Chapter 14's page: its figures, drawn from the rows of `jaxloops.measure.step_memory`
+(book/14_memory.md)."""
 
 from jaxloops.measure.render import subplots
-
-MiB = 2**20
+from jaxloops.memory import step_bytes
+from jaxloops.pages.common import MiB
 
 
 def _line(rows, axis, fixed):
@@ -65,3 +66,13 @@ def loss_curves(curves: dict):
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def fits_budget(config, length: int, budget: int):
+    """`(B, M=1) -> bool`: whether M micro-batches of B examples each, at T = `length`, fit
+    `budget` bytes by the chapter's formula (`memory.step_bytes`)."""
+
+    def fits(batch: int, micro: int = 1) -> bool:
+        return sum(step_bytes(config, batch * micro, length, micro=micro)) <= budget
+
+    return fits

@@ -1,4 +1,5 @@
-"""A page's checks: they stop the book's build, and only warn in a reader's own run.
+"""What every page shares: its checks, which stop the book's build and only warn in a
+reader's own run, and the units its tables are written in.
 
 A chapter asserts every claim it makes, so a build that contradicts its prose fails. A reader
 who edits a cell ("multiply the weights by 10") changes the numbers on purpose: their run
@@ -8,6 +9,8 @@ JAXLOOPS_STRICT=1; a notebook opened anywhere else is not strict.
 
 import os
 import warnings
+
+from jaxloops.measure.compiled import MiB as MiB  # the one MiB, shared with the instruments
 
 STRICT_ENV = "JAXLOOPS_STRICT"
 
@@ -35,3 +38,12 @@ def check(condition, message: str) -> bool:
             f"this run does not support the page's claim: {message}", PageCheckWarning, stacklevel=2
         )
     return holds
+
+
+def glue_all(prefix: str = "", **values) -> None:
+    """Glues each value under `prefix + name`, not displayed, for the page's prose to quote
+    (`{glue:text}`); myst_nb's `glue`, imported here because only a page's kernel has it."""
+    from myst_nb import glue
+
+    for name, value in values.items():
+        glue(f"{prefix}{name}", value, display=False)

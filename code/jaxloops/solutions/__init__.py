@@ -31,7 +31,7 @@ from jaxloops.solutions.loop import (
     top_k_accuracy,
     traced_shapes,
 )
-from jaxloops.solutions.memory import fewest_micro_batches, largest_batch
+from jaxloops.solutions.memory_budget import fewest_micro_batches, largest_batch
 
 __all__ = (
     "adamw_update",

@@ -46,6 +46,7 @@ def einsum_attention(query, key, value):
     return out.reshape(B, T, N, H)  # (B, T, N, H)
 
 
+# Chapter 8b.
 def partial_attention(query, key, value):
     """Unnormalised attention over one slice of the keys: (m, l, o) of the online softmax.
 

@@ -4,6 +4,10 @@ Started by `measure.compile_in_fresh_process` with `--sizes` (JSON of the parent
 part); prints {"seconds": ...}, the time from trace to executable of fit's compiled epochs
 for the chapter-7 network. With JAX's persistent cache configured in its environment, a
 second such process loads the executable instead of compiling it.
+
+With `--callback`, it compiles instead one small program with a host callback
+(`jax.debug.print`) and the same program without it, and prints what the persistent cache
+counted for each: {"callback": {"requests", "hits", "writes"}, "plain": {...}}.
 """
 
 import argparse
@@ -32,10 +36,54 @@ def compile_seconds(sizes, epochs: int = 3) -> float:
     return time.perf_counter() - start
 
 
+# JAX's events for the persistent cache: a compile that may use it, a load, a store.
+CACHE_EVENTS = {
+    "/jax/compilation_cache/compile_requests_use_cache": "requests",
+    "/jax/compilation_cache/cache_hits": "hits",
+    "/jax/compilation_cache/cache_misses": "writes",  # recorded as an entry is written
+}
+
+
+def callback_cache_counts() -> dict[str, dict[str, int]]:
+    """What the persistent cache counted while one program with a host callback, and the
+    same program without it (the control), were compiled in this process."""
+    import numpy as np
+
+    def plain(x):
+        return (x * 2.0).sum()
+
+    def with_callback(x):
+        jax.debug.print("sum {}", x.sum())  # a host callback inside the compiled program
+        return plain(x)
+
+    x = np.arange(7.0, dtype=np.float32)  # NumPy: nothing compiled to make it
+    counts = {}
+    for name, fn in (("callback", with_callback), ("plain", plain)):
+        seen = dict.fromkeys(CACHE_EVENTS.values(), 0)
+
+        def listener(event, **kwargs):
+            if event in CACHE_EVENTS:
+                seen[CACHE_EVENTS[event]] += 1
+
+        jax.monitoring.register_event_listener(listener)
+        try:
+            jax.jit(fn).lower(x).compile()
+        finally:
+            jax.monitoring.unregister_event_listener(listener)
+        counts[name] = seen
+    return counts
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", required=True, help="JSON of the parent's loop part")
+    parser.add_argument("--sizes", help="JSON of the parent's loop part")
+    parser.add_argument("--callback", action="store_true", help="the host-callback probe")
     args = parser.parse_args(argv)
+    if args.callback:
+        print(json.dumps(callback_cache_counts()), flush=True)
+        return
+    if args.sizes is None:
+        parser.error("--sizes is required without --callback")
     sizes = workers.sizes_from_json(args.sizes).loop
     print(json.dumps({"seconds": compile_seconds(sizes)}), flush=True)
 

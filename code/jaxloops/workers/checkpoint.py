@@ -221,7 +221,7 @@ def mesh_report(state) -> dict:
     the array, not a copy of all of it)."""
     from jaxloops.checkpoint import leaf_name
 
-    named = [(leaf_name(path), leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(state)]
+    named = [(leaf_name(path), leaf) for path, leaf in jax.tree.leaves_with_path(state)]
     shards = {name: len(leaf.addressable_shards) for name, leaf in named}
     split = {name: leaf.sharding.shard_shape(leaf.shape) != leaf.shape for name, leaf in named}
     devices = len(jax.tree.leaves(state)[0].sharding.device_set)  # the mesh's

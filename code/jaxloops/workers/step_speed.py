@@ -1,6 +1,6 @@
 """The transformer's train step timed in a new process: `python -m jaxloops.workers.step_speed`.
 
-Started by `step_speed.rates_in_fresh_process` with `--sizes L,D,N,K,F,T,B` and `--rounds`,
+Started by `measure.step_speed.rates_in_fresh_process` with `--sizes L,D,N,K,F,T,B` and `--rounds`,
 in an environment chosen by the parent (the glibc tunables of one of
 `step_speed.ALLOCATORS`); prints one JSON line:
 `step_rates` of the step's programs and
@@ -13,7 +13,7 @@ import json
 
 import jax
 
-from jaxloops import step_speed
+from jaxloops.measure import step_speed
 
 
 def main(argv=None) -> None:

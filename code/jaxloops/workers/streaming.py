@@ -27,6 +27,13 @@ def train(checkpoints, shards, sizes, slow: float = 0.0, log=print) -> tuple[int
     Returns:
       (the step it started from, the final {"params", "opt_state"}).
     """
+    # All of it on the CPU, the initialisation included: a parent on an accelerator that runs
+    # this to compare with a worker process (on the CPU) then computes the same bits.
+    with jax.default_device(jax.devices("cpu")[0]):
+        return _train(checkpoints, shards, sizes, slow, log)
+
+
+def _train(checkpoints, shards, sizes, slow, log) -> tuple[int, dict]:
     from jaxloops import stream_checkpoint, streaming
 
     device = jax.devices("cpu")[0]

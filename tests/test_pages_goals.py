@@ -1,0 +1,71 @@
+import json
+
+import pytest
+
+from jaxloops.pages import goals
+
+
+def test_the_goals_are_the_values_the_issues_set():
+    asked = {g.key: (g.asked, g.at_least) for g in goals.GOALS}
+    assert asked == {
+        "validation_hook": (0.85, True),
+        "causal_over_full": (1.4, True),
+        "step_of_ceiling": (0.55, True),
+        "gradient_over_forward": (3.3, False),
+    }
+
+
+def test_a_goal_is_met_or_missed_by_how_much_in_either_direction():
+    at_least, at_most = goals.goal("causal_over_full"), goals.goal("gradient_over_forward")
+    assert at_least.met(1.4) and not at_least.met(1.39) and not at_least.met(float("nan"))
+    assert goals.verdict(at_least, 1.28, "cpu") == "missed by 0.120 (1.280)"
+    assert goals.verdict(at_least, 1.52, "cpu") == "met (1.520)"
+    assert at_most.met(3.3) and not at_most.met(3.304)
+    assert goals.verdict(at_most, 3.304, "cpu") == "missed by 0.004 (3.304)"
+    share = goals.goal("step_of_ceiling")
+    assert share.stated == "≥ 55 %" and at_most.stated == "≤ 3.3"
+    assert goals.verdict(share, 0.546, "cpu") == "missed by 0.4% (54.6%)"
+    with pytest.raises(ValueError, match="no goal 'speed'"):
+        goals.goal("speed")
+
+
+def test_a_page_states_the_goal_as_set_and_a_miss_visibly():
+    g = goals.goal("causal_over_full")
+    assert goals.page_sentence(g, 1.28, "cpu") == (
+        "The goal is ≥ 1.4; this build measured 1.280: missed, by 0.120."
+    )
+    assert goals.page_sentence(g, 1.5, "cpu").endswith("met.")
+    off = goals.page_sentence(g, 1.1, "tpu")
+    assert "not applicable here" in off and "tpu" in off and "measured 1.100" in off
+
+
+def test_the_bench_record_fails_only_where_a_goal_applies(tmp_path):
+    measured = {"causal_over_full": 1.2, "validation_hook": 0.9}
+    record = goals.bench_record(measured, "cpu", {"device": "test"})
+    assert goals.missed(record) == ["causal_over_full"]
+    assert record["goals"]["step_of_ceiling"]["verdict"] == "not measured"
+    on_tpu = goals.bench_record(measured, "tpu", {"device": "test"})
+    assert goals.missed(on_tpu) == []
+    path = goals.write_record(record, "cpu-test-2cores", tmp_path)
+    assert goals.recorded(tmp_path) == {"cpu-test-2cores": json.loads(path.read_text())}
+    with pytest.raises(ValueError, match=r"measured values for no goal: \['speed'\]"):
+        goals.bench_record({"speed": 1.0}, "cpu", {})
+
+
+def test_chapters_leave_their_values_for_build_info(tmp_path):
+    goals.note_measured("validation_hook", 0.8, tmp_path)
+    assert goals.measured_in_build(tmp_path) == {"validation_hook": 0.8}
+    with pytest.raises(ValueError, match="no goal 'hook'"):
+        goals.note_measured("hook", 0.8, tmp_path)
+    table = goals.goals_table({"validation_hook": 0.8}, "cpu", {"cpu-x-2cores": goals.bench_record(
+        {"validation_hook": 0.9}, "cpu", {})})  # fmt: skip
+    lines = table.splitlines()
+    assert len(lines) == 2 + len(goals.GOALS)
+    assert "missed by 5.0% (80.0%)" in lines[2] and "met (90.0%)" in lines[2]
+    assert "not measured" in lines[3] and "not recorded" not in table
+
+
+def test_machine_keys_are_file_names():
+    key = goals.machine_key("cpu", "cpu", "AMD EPYC 7B13 64-Core Processor", 2)
+    assert key == "cpu-amd-epyc-7b13-64-core-processor-2cores"
+    assert goals.machine_key("tpu", "TPU v5 lite", "", 13) == "tpu-tpu-v5-lite-13cores"
