@@ -70,8 +70,8 @@ bench: venv
 	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
 
 lint: $(VENV)/.lint-installed
-	$(BIN)/ruff check code tests scripts
-	$(BIN)/ruff format --check code tests scripts
+	$(BIN)/ruff check code tests scripts .ci
+	$(BIN)/ruff format --check code tests scripts .ci
 	$(BIN)/actionlint .github/workflows/*.yml
 
 $(VENV)/.lint-installed: requirements-lint.txt $(VENV)/.installed

@@ -11,14 +11,14 @@ Stages, each recorded in $OUT/run.json as it ends:
             folder exists) and the carried wheels, into SITE (kept on a warm machine)
   tests     the whole suite in ONE process (one process at a time can hold a TPU), with a
             JUnit report; the summary lists every skip with its reason
-  chapters  each chapter executed strictly in one process that holds the device (cells run
-            in-process, scripts/in_process.py: the machine allows no TCP, so no Jupyter
-            kernel), those without a current record first; each chapter's notebook, seconds,
-            failing cells and manifest (book/_ext/device_records.py) recorded as it ends, so a
-            run stopped by its budget resumes in the next command
-$OUT then holds run.json, notebooks.tar.gz (the executed chapters), junit.xml, tests.log and
-chapters.log: five files (the device tool returns eight). `record` copies a run into
-results/<device>/, merging it with what is recorded: that is what the book renders.
+  chapters  each chapter without a current record executed strictly, in a process of its
+            own that holds the device (cells run in-process, scripts/in_process.py: the
+            machine allows no TCP, so no Jupyter kernel); its notebook, seconds, failing
+            cells and manifest (book/_ext/device_records.py) recorded as it ends, so a run
+            stopped by its budget resumes in the next command
+$OUT then holds run.json, notebooks.tar.gz (the executed chapters), junit.xml, tests.log,
+chapters.log and chapters.jsonl: six files (the device tool returns eight). `record` merges a
+run into results/<device>/: that is what the book renders.
 
     python3 scripts/device_run.py record "$FILES_AT"
 """
@@ -28,6 +28,7 @@ import datetime
 import json
 import os
 import pathlib
+import resource
 import shlex
 import shutil
 import subprocess
@@ -44,34 +45,15 @@ SITE = pathlib.Path(os.environ.get("SITE", "/tmp/jaxloops-site"))
 WHEELS = ROOT / ".whl-device"
 PIP_INDEX = pathlib.Path(os.environ.get("PIP_INDEX", "/opt/pypi/simple"))
 # What the book and its tests import beyond JAX, numpy and pytest: from the machine's index.
-FROM_INDEX = [
-    "optax==0.2.8",
-    "flax==0.12.8",
-    "orbax-checkpoint",
-    "scikit-learn",
-    "matplotlib",
-    "nbformat",
-    "ipython",
-    "nbclient",
-    "ipykernel",
-    "markdown-it-py",
-    "mdit-py-plugins",
-    "pyyaml",
-    "docutils",
-]
+FROM_INDEX = """optax==0.2.8 flax==0.12.8 orbax-checkpoint scikit-learn matplotlib nbformat ipython
+nbclient ipykernel markdown-it-py mdit-py-plugins pyyaml docutils""".split()
 # What that index lacks (read there on 2026-12-06), carried as wheels with no dependencies:
 # orbax-checkpoint 0.12.8 (the index has 0.12.4) replaces the index's after it.
+CARRIED = """grain==0.2.18 array-record==0.8.6 portpicker==1.6.0 jupytext==1.19.6 myst-nb==1.4.0
+orbax-checkpoint==0.12.8""".split()
 # Issue 41: each chapter should take <= 90 s on the chip; one that runs on is stopped at 150 s
-# (the rest of its cells recorded as not run) so that one chapter cannot spend a whole run.
+# (its later cells recorded as not run), so that one chapter cannot spend a whole run.
 CHAPTER_LIMIT = 150
-CARRIED = [
-    "grain==0.2.18",
-    "array-record==0.8.6",
-    "portpicker==1.6.0",
-    "jupytext==1.19.6",
-    "myst-nb==1.4.0",
-    "orbax-checkpoint==0.12.8",
-]
 
 
 def environment() -> dict:
@@ -146,20 +128,25 @@ def tests(out: pathlib.Path, seconds: float, pytest_args: list[str]) -> dict:
         "--durations=20",
         *pytest_args,
     ]
-    with open(out / "tests.log", "w") as log:
-        try:
-            code = subprocess.run(
-                command,
-                env=environment(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                timeout=seconds,
-                cwd=ROOT,
-            ).returncode
-        except subprocess.TimeoutExpired:
-            return {"status": "timed out", "detail": f"after {seconds:.0f} s"}
+    code = logged(command, out / "tests.log", seconds)
+    if code is None:
+        return {"status": "timed out", "detail": f"after {seconds:.0f} s"}
     summary = test_summary(junit) if junit.is_file() else {}
     return {"status": "ok" if code == 0 else f"exit {code}", **summary}
+
+
+def roomy_stack() -> None:
+    """In the child, before it starts: a 256 MiB stack for the main thread and (glibc sizes
+    new threads by this limit) for the compiler's threads. XLA's TPU compiler overflowed the
+    default 8 MiB compiling one of chapter 11's programs (SIGSEGV, stack overflow in
+    SpatialMajorConvolution::Emit; ../shared/TPU.md)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+    want = 256 * 2**20
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(
+            resource.RLIMIT_STACK,
+            (want if hard == resource.RLIM_INFINITY else min(want, hard), hard),
+        )
 
 
 def number(path: pathlib.Path) -> str:
@@ -168,7 +155,7 @@ def number(path: pathlib.Path) -> str:
 
 
 def chapters_to_run(recorded: dict, only: list[str]) -> list[pathlib.Path]:
-    """Chapters without a current, passing record first; then the rest, oldest first."""
+    """The chapters without a current, passing record: in the order asked, else by number."""
     chapters = sorted((ROOT / "book").glob("[0-9][0-9]*_*.md"))
     if only:  # in the order given
         chapters = [p for n in only for p in chapters if number(p) == n]
@@ -180,47 +167,63 @@ def chapters_to_run(recorded: dict, only: list[str]) -> list[pathlib.Path]:
     return [p for p in chapters if not fresh(p)]
 
 
-def chapters(out: pathlib.Path, seconds: float, recorded: dict, only: list[str]) -> dict:
-    todo = chapters_to_run(recorded, only)
-    progress = out / "chapters.jsonl"
-    command = [sys.executable, __file__, "execute", str(out), *[str(p) for p in todo]]
-    with open(out / "chapters.log", "a") as log:
+def logged(command: list[str], log: pathlib.Path, seconds: float) -> int | None:
+    """Runs `command` with the run's environment and a roomy stack, its output appended to
+    `log`; its exit status, or None when it ran past `seconds` and was killed."""
+    with open(log, "a") as out:
         try:
-            subprocess.run(
+            return subprocess.run(
                 command,
                 env=environment(),
-                stdout=log,
+                stdout=out,
                 stderr=subprocess.STDOUT,
                 timeout=seconds,
                 cwd=ROOT,
-            )
+                preexec_fn=roomy_stack,
+            ).returncode
         except subprocess.TimeoutExpired:
-            pass
-    done = (
-        [json.loads(line) for line in progress.read_text().splitlines()]
-        if progress.exists()
-        else []
-    )
-    ran = {d["chapter"] for d in done}
-    for path in todo:  # the one in flight when the process ended: killed or crashed
-        if number(path) not in ran:
-            done.append(
-                {
-                    "chapter": number(path),
-                    "stem": path.stem,
-                    "status": "stopped",
-                    "failures": [{"index": None, "error": "the process ended (budget or crash)"}],
-                    "seconds": None,
-                    "date": datetime.date.today().isoformat(),
-                    "manifest": device_records.manifest(path),
-                }
-            )
+            return None
+
+
+def chapters(out: pathlib.Path, seconds: float, recorded: dict, only: list[str]) -> dict:
+    """Each chapter in a process of its own, as the book build gives each a fresh kernel:
+    chapter 12 sets the number of CPU devices before JAX starts, and a chapter's settings
+    (warning filters, JAX's configuration) must not leak into the next one. On a TPU each
+    process opens the chip again (10-15 s)."""
+    todo, began, done = chapters_to_run(recorded, only), time.perf_counter(), []
+    for path in todo:
+        left = seconds - (time.perf_counter() - began)
+        if left < 30:
             break
+        status = logged(
+            [sys.executable, __file__, "execute", str(out), str(path)],
+            out / "chapters.log",
+            min(left, CHAPTER_LIMIT + 60),
+        )
+        progress = out / "chapters.jsonl"
+        entries = (
+            [json.loads(line) for line in progress.read_text().splitlines()]
+            if progress.exists()
+            else []
+        )
+        entry = next((e for e in entries if e["chapter"] == number(path)), None)
+        if entry is None:  # killed at the budget, or the process died (a crash in XLA, say)
+            why = "killed at the run's budget" if status is None else f"the process died ({status})"
+            entry = {
+                "chapter": number(path),
+                "stem": path.stem,
+                "status": "stopped",
+                "failures": [{"index": None, "error": why}],
+                "seconds": None,
+                "date": datetime.date.today().isoformat(),
+                "manifest": device_records.manifest(path),
+            }
+        done.append(entry)
     return {"status": "ok", "detail": f"{len(done)} of {len(todo)} chapters", "chapters": done}
 
 
 def execute(out: pathlib.Path, paths: list[str], limit: float) -> None:
-    """In one process: each chapter in turn, in-process, written as soon as it ends."""
+    """Each chapter in turn, its cells run in this process, written as soon as it ends."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import nbformat
 

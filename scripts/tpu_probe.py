@@ -1,8 +1,9 @@
 """Facts about a backend's compiler and arithmetic that the test suite relies on (issue 41).
 
 Prints one JSON object on stdout: for a few small programs (a float32 matmul, naive attention
-and its gradient, a softmax and its control, the kv-cache decode loop, an MLP train step, chapter 14's
-transformer gradient scanned and unrolled, chapter 11's train step at a tiny size) what
+and its gradient, a softmax and its control, the kv-cache decode loop, an MLP train step,
+chapter 14's transformer gradient scanned and unrolled, chapter 11's train step at a tiny
+size) what
 `lowered.cost_analysis()`, `compiled.cost_analysis()` and `compiled.memory_analysis()` say,
 at the default compiler options and at XLA's backend optimisation level 0 (what the suite's
 XLA_FLAGS set), and the compiled HLO text; the on-device sizes and layouts of a few arrays; and
@@ -426,7 +427,58 @@ def scratch():
         out[f"naive_forward_B3_N5_H7_T{t}"] = attempt(
             lambda q=q: mem(jax.jit(attention).lower(q, q, q).compile())
         )
-    return {**out, **_transformer_scratch()}
+    return {**out, **_transformer_scratch(), **_controls(), **_decode_and_library()}
+
+
+def _controls():
+    """Bytes of softmax and of candidate controls without an exponential (chapter 8's
+    `softmax_without_exp` divides by 1 - x; XLA:TPU reassociated its w / sum(w) and split it
+    in two fusions in v1: twice the bytes)."""
+    scores = np.random.default_rng(0).standard_normal((2, 3, 16, 128)).astype(np.float32)
+
+    def norm(w):
+        return w / w.sum(-1, keepdims=True)
+
+    def shifted(x):
+        return x - x.max(-1, keepdims=True)
+
+    candidates = {
+        "softmax": jax.nn.softmax,
+        "divide": lambda x: norm(1.0 / (1.0 - shifted(x))),
+        "times_reciprocal_sum": lambda x: (
+            (w := 1.0 / (1.0 - shifted(x))) * (1.0 / w.sum(-1, keepdims=True))
+        ),
+        "reciprocal": lambda x: norm(jnp.reciprocal(1.0 - shifted(x))),
+        "linear": lambda x: norm(1.0 - shifted(x)),
+        "square": lambda x: norm(1.0 + shifted(x) ** 2),
+        "abs": lambda x: norm(1.0 + jnp.abs(shifted(x))),
+    }
+    out = {}
+    for name, fn in candidates.items():
+        out[f"control_{name}"] = attempt(lambda fn=fn: cost(jax.jit(fn).lower(scores).compile()))
+    return out
+
+
+def _decode_and_library():
+    """The decode loop's whole text (its live peak was 12 caches in v1) and jax.nn's
+    attention's scratch, at the precision the suite sets."""
+    from jaxloops.kvcache import decode_tokens
+
+    b, kv, heads, hd, slots, steps = 3, 6, 6, 33, 512, 7
+    queries = jax.ShapeDtypeStruct((b, steps, heads, hd), jnp.float32)
+    new = jax.ShapeDtypeStruct((b, steps, kv, hd), jnp.float32)
+    cache = jax.ShapeDtypeStruct((b, kv, slots, hd), jnp.float32)
+
+    def decode():
+        compiled = decode_tokens.lower(queries, new, new, cache, cache, 0).compile()
+        return {**mem(compiled), "text": compiled.as_text()}
+
+    def library():
+        q, k = (jax.ShapeDtypeStruct((1, t, 3, 7), jnp.float32) for t in (257, 263))
+        compiled = jax.jit(jax.nn.dot_product_attention).lower(q, k, k).compile()
+        return {**mem(compiled), "text": compiled.as_text()[:100_000]}
+
+    return {"decode_tokens_B3_K6": attempt(decode), "dot_product_attention": attempt(library)}
 
 
 def _transformer_scratch():

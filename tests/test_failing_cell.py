@@ -1,13 +1,13 @@
-"""scripts/failing_cell.py: CI's report of a failed book build."""
+""".ci/failing_cell.py: CI's report of a failed book build."""
 
 import pathlib
 import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / ".ci"))
 
-from failing_cell import failing_cell  # noqa: E402 - scripts/ is put on the path just above
+from failing_cell import failing_cell  # noqa: E402 - .ci/ is put on the path just above
 
 FAILED = (
     "reading sources... [ 50%] book/06_device_loop\n\x1b[31mTraceback\x1b[0m\n"
@@ -46,9 +46,9 @@ def test_a_build_stopped_at_its_limit_names_the_chapter_it_was_executing():
 
 def test_the_command_ci_runs_prints_the_cell(tmp_path):
     """.ci/run calls the script on _build/book.log; that call is checked as written there."""
-    assert "python3 scripts/failing_cell.py _build/book.log" in (ROOT / ".ci" / "run").read_text()
+    assert "python3 .ci/failing_cell.py _build/book.log" in (ROOT / ".ci" / "run").read_text()
     (tmp_path / "book.log").write_text(FAILED)
-    script = ROOT / "scripts" / "failing_cell.py"
+    script = ROOT / ".ci" / "failing_cell.py"
     printed = subprocess.run(
         [sys.executable, script, tmp_path / "book.log"], capture_output=True, text=True
     )

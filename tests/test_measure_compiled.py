@@ -85,7 +85,8 @@ def test_collectives_step_over_a_tpus_tiled_layouts():
 
 
 # Programs as a TPU v5e compiled them (JAX 0.10.2, scripts/tpu_probe.py): `(sin(a) * 2 + 1) @ b`
-# for a (3, 5) and b (5, 7), and naive attention (B 1, T = S = 24, N 3, H 8). Their shapes carry
+# for a (3, 5) and b (5, 7), and naive and blockwise attention (B 1, T = S = 24, N 3, H 8;
+# blocks of 8). Their shapes carry
 # tiled layouts, their matmuls are convolutions, and their fusions may return tuples.
 TPU_TEXTS = pathlib.Path(__file__).with_name("data") / "tpu_v5e"
 
@@ -98,14 +99,19 @@ def test_entry_instructions_read_shapes_without_their_tiled_layouts():
     found = compiled.entry_instructions(tpu_text("sin_then_matmul"))
     assert ("fusion", "fusion", "f32[3,7]") in found  # the product's output
     assert [op for _, op, _ in found].count("parameter") == 2
-    (row,) = [r for r in compiled.fusions_of(tpu_text("sin_then_matmul")) if r["runs"] == "once"]
+    (row,) = [
+        r for r in compiled.fusions_of(tpu_text("sin_then_matmul")) if r["fusion"] == "fusion"
+    ]
     assert row["shape"] == "f32[3,7]" and row["dims"] == (3, 7) and row["kind"] == "kOutput"
 
 
-def test_a_fusion_that_returns_a_tuple_is_read():
+def test_a_fusion_that_returns_a_tuple_is_read_and_a_nested_one_runs_where_its_caller_runs():
     rows = compiled.fusions_of(tpu_text("naive_attention"))
     (exponentials,) = [r for r in rows if "exponential" in r["ops"]]
     assert exponentials["shape"] == "(f32[3,24], bf16[3,24,24])" and exponentials["elements"] == 0
+    assert {r["runs"] for r in rows} == {"once"}  # fusions inside fusions, no loop
+    blockwise = compiled.fusions_of(tpu_text("blockwise_attention"))  # blocks of 8, T = 24
+    assert any("exponential" in r["ops"] for r in blockwise if r["runs"] == "loop")
 
 
 def test_loop_copies_count_only_copies_of_the_given_size_inside_a_loop_body():

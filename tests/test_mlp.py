@@ -6,7 +6,7 @@ from jax.experimental import checkify
 
 import jaxloops
 from conftest import normal
-from jaxloops import equivalence
+from jaxloops import rounding
 
 # Jitted once for the module: one compiled program per shape instead of one per eager
 # operation and shape. The tests that check what an eager call refuses call the package.
@@ -40,16 +40,17 @@ def test_bad_sizes_are_rejected(key):
 
 def cross_entropy_bound(logits, labels) -> float:
     """The largest error this backend's rounding explains in `cross_entropy` (eps: one
-    operation's relative error, `equivalence.backend_eps`). Per row, lse = m + log s with
-    s = sum of C exp(z - m) <= 1 each: the exponentials and their sum err by C eps relative to
-    s, which the log turns into as much absolute; the log adds eps |log s|; m + log s and
-    z_y - lse add eps (|m| + |log s| + |z_y|). The mean over rows adds eps |loss|."""
+    operation's relative error, `rounding.backend_eps` of exp and log). Per row, lse =
+    m + log s with s = sum of C exp(z - m) <= 1 each: the exponentials and their sum err by
+    C eps relative to s, which the log turns into as much absolute; the log adds eps |log s|;
+    m + log s and z_y - lse add eps (|m| + |log s| + |z_y|). The mean adds eps |loss|."""
     z = np.asarray(logits, np.float64)
     m = z.max(-1)
     log_s = np.log(np.exp(z - m[:, None]).sum(-1))
     z_y = np.take_along_axis(z, np.asarray(labels)[:, None], -1)[:, 0]
     rows = z.shape[-1] + 2 * np.abs(log_s) + np.abs(m) + np.abs(z_y)
-    return float(equivalence.backend_eps() * (rows.max() + abs((m + log_s - z_y).mean())))
+    eps = rounding.backend_eps(rounding.LOG_SUM_EXP)
+    return float(eps * (rows.max() + abs((m + log_s - z_y).mean())))
 
 
 def test_cross_entropy_matches_log_softmax_and_is_stable():

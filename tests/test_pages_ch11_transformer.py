@@ -67,11 +67,6 @@ def test_compressed_bits_find_repetition_and_refuse_empty_text():
         page.compressed_bits("")
 
 
-def test_indent_verdict_allows_ten_points():
-    assert "learned" in page.indent_verdict(0.85, 0.94)
-    assert "far below" in page.indent_verdict(0.83, 0.94)
-
-
 def test_map_figures_keep_symbol_and_local_apart():
     figures = page.map_figures({"symbol": (0.5, 0.25), "local": (0.3, 0.1)})
     assert figures["map_symbol_share"] == 50.0 and figures["map_symbol_lift"] == 2.0

@@ -27,3 +27,11 @@ def test_backend_eps_finds_an_operation_that_rounds_worse(monkeypatch):
         assert rounding.backend_eps() == pytest.approx(1e-5, rel=0.05)
     finally:
         rounding._backend_errors.cache_clear()  # the next test measures the real one
+
+
+def test_backend_eps_of_some_operations_and_an_unknown_one():
+    errors, eps = rounding.backend_errors(), float(np.finfo(np.float32).eps)
+    assert rounding.backend_eps(("exp", "log")) == max(eps, errors["exp"], errors["log"])
+    assert rounding.backend_eps(rounding.ATTENTION) <= rounding.backend_eps()
+    with pytest.raises(ValueError, match=r"no measured error for \['tanh'\]"):
+        rounding.backend_eps(("exp", "tanh"))

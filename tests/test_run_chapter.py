@@ -36,8 +36,11 @@ assert x == 2, "x is not 2"
 """
 
 
-NO_TCP = sharding.no_tcp_reason()  # a Jupyter kernel talks to its client over TCP
-KERNEL = pytest.param([], id="kernel", marks=pytest.mark.skipif(bool(NO_TCP), reason=str(NO_TCP)))
+NO_TCP = sharding.no_tcp_reason()
+NEEDS_KERNEL = pytest.mark.skipif(
+    bool(NO_TCP), reason=f"a Jupyter kernel talks to its client over TCP: {NO_TCP}"
+)
+KERNEL = pytest.param([], id="kernel", marks=NEEDS_KERNEL)
 MODES = pytest.mark.parametrize("mode", [KERNEL, pytest.param(["--in-process"], id="in-process")])
 
 
@@ -89,6 +92,7 @@ SHOWS = CHAPTER.replace('assert x == 2, "x is not 2"', "x = 2").replace(
 )
 
 
+@NEEDS_KERNEL
 def test_in_process_records_what_a_kernel_records(tmp_path, monkeypatch):
     """Printed text, a glued value with its metadata, a figure and a cell's last value come
     out of the in-process run as out of nbclient's kernel: same outputs, same order."""

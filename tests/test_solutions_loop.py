@@ -10,7 +10,7 @@ import pytest
 
 import jaxloops
 from conftest import normal
-from jaxloops import equivalence, measure
+from jaxloops import equivalence, measure, rounding
 from jaxloops.solutions import loop as exercises
 
 # The package's functions, jitted once for the whole module: one compiled program per shape
@@ -149,10 +149,11 @@ def adamw_rounding_bound(path, b1=0.9, b2=0.999):
     at t = 1 for b2. So the update m_hat / (sqrt(v_hat) + eps) errs by r_t = k1 d1 + k2 d2 / 2
     plus 8 roundings (the moments, the two divisions, the square root, the sum, the product
     with the learning rate): |p_t - p_(t-1)| r_t per step, and eps |p_t| for the subtraction.
-    eps is this backend's (`equivalence.backend_eps`); d is the larger of eps and the error
-    of `b ** count` on the device, measured as optax computes it (an int32 count).
+    eps is this backend's for the divisions and the square root (`rounding.backend_eps`); d
+    is the larger of eps and the error of `b ** count` on the device, measured as optax
+    computes it (an int32 count).
     """
-    eps = equivalence.backend_eps()
+    eps = rounding.backend_eps(("divide", "sqrt"))
     count = np.arange(1, len(path), dtype=np.int32)
     d = {}
     for b in (b1, b2):

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxloops.rounding import backend_eps
+from jaxloops.rounding import ATTENTION, backend_eps
 
 
 def check_attention_shapes(query, key, value, mask=None) -> tuple[int, ...]:
@@ -227,9 +227,11 @@ def attention_rounding_bound(query, key, scale, eps: float | None = None) -> flo
         sum_h |q_th k_sh| / sqrt(H),
 
     eps the relative error of one float32 operation: by default the machine epsilon, or the
-    larger error this backend commits (`rounding.backend_eps`, measured: a TPU's exp and
-    its matmuls' bfloat16 passes). A score sums H products: its rounding error is at most
-    about eps * A, and shifts the softmax weights by as much, relatively; the softmax's
+    larger error this backend commits in an attention's operations (`rounding.backend_eps`,
+    measured: a TPU's exp, its matmuls' bfloat16 passes); a gradient through a saved
+    log-sum-exp passes `backend_eps((*ATTENTION, "log"))`. A score sums H products: its
+    rounding error is at most about eps * A, and shifts the softmax weights by as much,
+    relatively; the softmax's
     sum and the weighted sum of values add S terms each, rounding errors growing as sqrt(S)
     (random signs), each term at most `scale`. The 2 covers the two sums and the exp.
     A known-wrong answer (a stale cache slot, shifted positions) misses by O(scale).
@@ -239,5 +241,5 @@ def attention_rounding_bound(query, key, scale, eps: float | None = None) -> flo
     S, K = key.shape[1], key.shape[2]
     grouped = query.reshape(B, T, K, N // K, H)  # (B, T, K, G, H)
     A = np.einsum("BTKGH,BSKH->BKGTS", grouped, key).max() / math.sqrt(H)
-    eps = backend_eps() if eps is None else eps
+    eps = backend_eps(ATTENTION) if eps is None else eps
     return float(2 * eps * float(scale) * (1 + math.sqrt(S) + A))

@@ -34,14 +34,25 @@ def backend_errors() -> dict[str, float]:
     )
 
 
-def backend_eps() -> float:
-    """Float32's machine epsilon (2 u), or this backend's largest relative error of one
-    operation where it is larger (`backend_errors`): what a rounding bound multiplies.
+# The operations of an attention (its scores, exponentials, sums and division) and of a
+# log-sum-exp (an attention's residual for its backward pass, a cross-entropy).
+ATTENTION = ("exp", "divide", "matmul")
+LOG_SUM_EXP = ("exp", "log")
+
+
+def backend_eps(ops=None) -> float:
+    """Float32's machine epsilon (2 u), or this backend's largest relative error of one of
+    the operations `ops` (names of `backend_errors`; None: all of them) where it is larger:
+    what a rounding bound multiplies, for a computation made of those operations.
 
     On a CPU every measured error is below epsilon, so bounds are float32's. A TPU v5e
     (JAX 0.10.2) measured: log 1.1e-4 (absolute, on [0.5, 2]), exp 5.2e-6, a matmul 3e-3 at the
     default precision (one bfloat16 pass) and 6e-8 at "highest"."""
-    return max(float(np.finfo(np.float32).eps), *backend_errors().values())
+    errors = backend_errors()
+    unknown = set(ops or ()) - set(errors)
+    if unknown:
+        raise ValueError(f"no measured error for {sorted(unknown)}; measured: {sorted(errors)}")
+    return max(float(np.finfo(np.float32).eps), *(errors[op] for op in ops or errors))
 
 
 @functools.lru_cache(maxsize=8)

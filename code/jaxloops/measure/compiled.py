@@ -175,7 +175,8 @@ def fusions_of(program) -> list[dict]:
       call such as a matmul); shape of its result (e.g. "f32[4,128,128]", without its layout)
       and its dims as a tuple, with elements their product (a tuple result, as a TPU's fusions
       often return: dims () and elements 0); where it runs ("once", or "loop" inside a while
-      body); and the operations fused into it.
+      body; a fusion nested in another runs where that one runs); and the operations fused
+      into it.
     """
     text = program_text(program)
     ops, fusions = {}, []
@@ -187,6 +188,17 @@ def fusions_of(program) -> list[dict]:
         if instruction:
             ops.setdefault(computation, []).append(instruction.group(2))
     loop_bodies = loop_computations(text)
+    caller = {called: where for where, _, _, _, called in fusions}
+
+    def runs(where: str) -> str:
+        seen = set()  # a fusion nested in another (a TPU's) runs where its caller runs
+        while where != "ENTRY" and where not in loop_bodies and where in caller:
+            if where in seen:
+                break
+            seen.add(where)
+            where = caller[where]
+        return "once" if where == "ENTRY" else "loop" if where in loop_bodies else where
+
     rows = []
     for where, name, shape, kind, called in fusions:
         shape = re.sub(r"\{[^}]*\}", "", shape)  # its layouts dropped (a tuple may have several)
@@ -199,7 +211,7 @@ def fusions_of(program) -> list[dict]:
                 "shape": shape,
                 "dims": dims,
                 "elements": math.prod(dims) if match else 0,
-                "runs": "once" if where == "ENTRY" else "loop" if where in loop_bodies else where,
+                "runs": runs(where),
                 "ops": ", ".join(sorted(set(ops.get(called, [])) - _BOOKKEEPING)),
             }
         )

@@ -88,13 +88,6 @@ def training_figures(curves: dict, vocab_size: int) -> dict:
     }
 
 
-def indent_verdict(trained_share: float, corpus_share: float) -> str:
-    """Whether the samples indent in fours as often as the corpus, within 10 points."""
-    if trained_share >= corpus_share - 0.1:
-        return "within 10 points of the corpus: the model has learned to indent in fours"
-    return "far below the corpus: the model writes indented lines, but not yet in steps of four"
-
-
 def map_figures(reads: dict) -> dict:
     """The head's shares of strongest reads (symbol, then local) against chance, in %."""
     (symbol_share, symbol_chance), (local_share, local_chance) = reads.values()

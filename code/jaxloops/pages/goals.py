@@ -202,7 +202,18 @@ def goals_table(measured: dict, backend: str, records: dict[str, dict]) -> str:
     """Markdown: every goal, the value asked, where it applies, this build's verdict (from the
     values the chapters measured in this build, `measured`), and each recorded machine's."""
     header = "| Chapter | Goal | Asked | Applies to | This build |"
-    header += "".join(f" `make bench`, {key} |" for key in records)
+    for key, record in records.items():
+        facts = record.get("machine", {})
+        when = ", ".join(
+            text
+            for text in (
+                facts.get("date"),
+                facts.get("cores_free")
+                and f"{facts['cores_free']} of {facts.get('cpu_count')} cores free",
+            )
+            if text
+        )
+        header += f" `make bench` on {key}" + (f" ({when})" if when else "") + " |"
     rule = "|" + " --- |" * (5 + len(records))
     rows = []
     for g in GOALS:

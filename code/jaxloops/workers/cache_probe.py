@@ -61,7 +61,7 @@ def callback_cache_counts() -> dict[str, dict[str, int]]:
     for name, fn in (("callback", with_callback), ("plain", plain)):
         seen = dict.fromkeys(CACHE_EVENTS.values(), 0)
 
-        def listener(event, **kwargs):
+        def listener(event, seen=seen, **kwargs):  # this program's counts, bound now
             if event in CACHE_EVENTS:
                 seen[CACHE_EVENTS[event]] += 1
 

@@ -1,6 +1,6 @@
 """The first failing cell of a failed book build, and its error, from the build's log.
 
-    python3 scripts/failing_cell.py _build/book.log
+    python3 .ci/failing_cell.py _build/book.log
 
 The traceback sits in the middle of a long log; CI (.ci/run) repeats it last. A build stopped
 at a time limit fails no cell: then it says which chapters were executed, in how long, and
