@@ -19,6 +19,7 @@ import contextlib
 import io
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -119,6 +120,21 @@ class _Stream(io.TextIOBase):
         self.echo.flush()
 
 
+def no_tcp_reason() -> str | None:
+    """Why a cell tagged `needs-tcp` cannot run here (no TCP connection on the loopback: the
+    lent TPU machine allows no TCP socket at all), or None. The same test as
+    `jaxloops.sharding.no_tcp_reason`, which chapter 12's processes rely on."""
+    try:
+        with socket.socket() as server, socket.socket() as client:
+            server.bind(("localhost", 0))
+            server.listen()
+            client.settimeout(5)
+            client.connect(server.getsockname())
+    except OSError as e:
+        return f"no TCP on this machine's loopback ({e})"
+    return None
+
+
 class CellError(Exception):
     """A cell raised: its index, exception name and value."""
 
@@ -137,6 +153,9 @@ def _over_time(signum, frame):
 
 def execute(notebook, cwd, keep_going=False, on_cell=None, limit=None):
     """Runs `notebook`'s code cells in order, in this process, filling in their outputs.
+
+    A cell tagged `needs-tcp` (processes joined by jax.distributed) is not run where
+    `no_tcp_reason()` gives a reason: its only output then says so, and it is no failure.
 
     Args:
       notebook: an nbformat notebook (e.g. `jupytext.read(...)`); changed in place.
@@ -168,6 +187,12 @@ def execute(notebook, cwd, keep_going=False, on_cell=None, limit=None):
                 continue
             began, OUTPUTS.cell = time.perf_counter(), cell
             cell.outputs = []
+            why = "needs-tcp" in cell.metadata.get("tags", []) and no_tcp_reason()
+            if why:
+                text = f"Not run on this machine: {why}; the cell joins processes over TCP.\n"
+                cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text=text)]
+                OUTPUTS.cell = None
+                continue
             with contextlib.redirect_stdout(streams[0]), contextlib.redirect_stderr(streams[1]):
                 result = shell.run_cell(cell.source, store_history=True)
             cell.execution_count = shell.execution_count - 1

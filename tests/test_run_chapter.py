@@ -117,3 +117,23 @@ def test_in_process_records_what_a_kernel_records(tmp_path, monkeypatch):
         ("execute_result", ["text/plain"], None),
         ("display_data", ["image/png", "text/plain"], None),
     ]
+
+
+def test_a_cell_that_needs_tcp_is_skipped_with_its_reason_where_there_is_none(
+    tmp_path, monkeypatch, capsys
+):
+    """In-process, a `needs-tcp` cell is not run on a machine without TCP (its output says
+    why, and the chapter passes); with TCP it runs like any other (here: and fails)."""
+    (tmp_path / "book").mkdir()
+    fails = CHAPTER.replace(
+        "```{code-cell} python\nassert", "```{code-cell} python\n:tags: [needs-tcp]\nassert"
+    )
+    (tmp_path / "book" / "99_a_chapter.md").write_text(fails)
+    monkeypatch.setattr(run_chapter, "ROOT", tmp_path)
+    out = ["--out", str(tmp_path / "out"), "--in-process"]
+    monkeypatch.setattr(run_chapter.in_process, "no_tcp_reason", lambda: "no TCP (stand-in)")
+    assert run_chapter.main(["99", *out]) == 0
+    notebook = run_chapter.nbformat.read(tmp_path / "out" / "99_a_chapter.ipynb", as_version=4)
+    assert "Not run on this machine: no TCP (stand-in)" in notebook.cells[-1].outputs[0].text
+    monkeypatch.setattr(run_chapter.in_process, "no_tcp_reason", lambda: None)
+    assert run_chapter.main(["99", *out]) == 1
