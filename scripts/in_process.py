@@ -143,12 +143,12 @@ class CellError(Exception):
         self.index, self.ename, self.evalue = index, ename, evalue
 
 
-class _OverTime(Exception):
+class OverTimeLimit(Exception):
     pass
 
 
 def _over_time(signum, frame):
-    raise _OverTime("the chapter ran past its time limit")
+    raise OverTimeLimit("the chapter ran past its time limit")
 
 
 def execute(notebook, cwd, keep_going=False, on_cell=None, limit=None):
@@ -175,6 +175,9 @@ def execute(notebook, cwd, keep_going=False, on_cell=None, limit=None):
     backend_inline.configure_inline_support.current_backend = "unset"
     backend_inline.InlineBackend.clear_instance()
     shell.enable_matplotlib("inline")
+    # A fresh kernel has no figure open; a figure left open here (by the process's earlier
+    # work) would take the chapter's first plot, and no new figure would be shown.
+    sys.modules["matplotlib.pyplot"].close("all")
     failures, previous = [], os.getcwd()
     os.chdir(cwd)
     streams = _Stream("stdout", sys.stdout), _Stream("stderr", sys.stderr)
@@ -202,7 +205,7 @@ def execute(notebook, cwd, keep_going=False, on_cell=None, limit=None):
                 on_cell(index, time.perf_counter() - began)
             if error is not None:
                 failures.append(CellError(index, type(error).__name__, str(error)))
-                if not keep_going or isinstance(error, _OverTime):
+                if not keep_going or isinstance(error, OverTimeLimit):
                     break
     finally:
         if limit is not None:

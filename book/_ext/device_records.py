@@ -127,9 +127,10 @@ def _record_nodes(directive, device, chapter_stem):
     stale = changed(entry["manifest"])
     if stale:
         warn = nodes.warning()
+        named = ", ".join(stale[:4]) + (f" and {len(stale) - 4} more" if len(stale) > 4 else "")
         warn += para(
-            "Stale: these files changed since this run, so its outputs may no longer "
-            "match the code above: " + ", ".join(stale) + "."
+            f"Stale: {len(stale)} of the files this run executed have changed since "
+            f"({named}), so its outputs may no longer match the code above."
         )
         out.append(warn)
     for failure in entry.get("failures", []):
