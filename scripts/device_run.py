@@ -259,6 +259,7 @@ def run(
     budget: float,
     only: list[str],
     pytest_args: list[str] = (),
+    tests_budget: float = float("inf"),
 ) -> int:
     start, record = time.perf_counter(), {"stages": {}}
     out.mkdir(parents=True, exist_ok=True)
@@ -271,7 +272,7 @@ def run(
             if stage == "setup":
                 result = setup(out)
             elif stage == "tests":
-                result = tests(out, left() - 5, list(pytest_args))
+                result = tests(out, min(left(), tests_budget) - 5, list(pytest_args))
             else:
                 recorded = device_records.load_run(record.get("backend", "tpu"))
                 result = chapters(out, left() - 5, recorded.get("chapters", {}), only)
@@ -345,6 +346,7 @@ def main(argv=None) -> int:
     go.add_argument("--stages", default="setup,tests,chapters")
     go.add_argument("--budget", type=float, default=540, help="seconds for the whole run")
     go.add_argument("--chapters", default="", help="e.g. 01,02 (default: every chapter)")
+    go.add_argument("--tests-budget", type=float, default=float("inf"), help="seconds at most")
     go.add_argument("--pytest-args", default="", help='e.g. "tests/test_x.py -x" (default: all)')
     ex = sub.add_parser("execute")
     ex.add_argument("out", type=pathlib.Path)
@@ -364,7 +366,8 @@ def main(argv=None) -> int:
         record_run(args.files_at)
         return 0
     only = [c if len(c) > 1 else c.zfill(2) for c in args.chapters.split(",") if c]
-    return run(args.out, args.stages.split(","), args.budget, only, shlex.split(args.pytest_args))
+    pytest_args = shlex.split(args.pytest_args)
+    return run(args.out, args.stages.split(","), args.budget, only, pytest_args, args.tests_budget)
 
 
 if __name__ == "__main__":
