@@ -129,3 +129,16 @@ def test_recording_a_run_replaces_the_chapters_it_ran_and_keeps_the_rest(tree):
     assert sorted(merged["chapters"]) == ["02", "03"] and merged["device"] == "TPU v5 lite"
     notebook = lambda c: json.loads((tree / "results" / "tpu" / f"{c}_x.ipynb").read_text())
     assert notebook("02")["run"].endswith("first") and notebook("03")["run"].endswith("second")
+
+
+def test_a_test_run_cut_short_still_says_which_tests_ended(tmp_path):
+    (tmp_path / "tests.log").write_text(
+        "tests/test_a.py::test_one PASSED [ 10%]\n"
+        "tests/test_a.py::test_two FAILED [ 20%]\n"
+        "tests/test_b.py::test_three[7] SKIPPED (needs TCP) [ 30%]\n"
+        "tests/test_b.py::test_four \n"  # in flight when the run was stopped
+    )
+    ended = device_run.ended_tests(tmp_path / "tests.log")
+    assert ended == {"ended": 3, "passed list": ["tests/test_a.py::test_one"],
+                     "failure list": ["tests/test_a.py::test_two"],
+                     "skipped list": ["tests/test_b.py::test_three[7]"]}  # fmt: skip

@@ -84,7 +84,7 @@ def test_collectives_step_over_a_tpus_tiled_layouts():
     assert measure.collectives(hlo) == {"all-reduce": (1, 64), "all-gather": (1, 14)}
 
 
-# Programs as a TPU v5e compiled them (JAX 0.10.2, scripts/tpu_probe.py): `(sin(a) * 2 + 1) @ b`
+# Programs as a TPU v5e compiled them (JAX 0.10.2, tests/tpu_probe.py): `(sin(a) * 2 + 1) @ b`
 # for a (3, 5) and b (5, 7), and naive and blockwise attention (B 1, T = S = 24, N 3, H 8;
 # blocks of 8). Their shapes carry
 # tiled layouts, their matmuls are convolutions, and their fusions may return tuples.

@@ -203,12 +203,19 @@ def _run_nodes(directive, device):
     out = [nodes.paragraph(text=f"Device: {run['device']}, JAX {run['jax']}.")]
     out.append(_table(rows))
     tests = run.get("tests")
-    if tests:
+    if tests and "tests" in tests:
         text = (
             f"The test suite there ({tests['date']}, one process): {tests['tests']} tests, "
             f"{tests['failures']} failed, {tests['errors']} errors, {tests['skipped']} "
             f"skipped, in {tests['seconds']:.0f} s."
         )
+    elif tests:  # stopped by the run's budget
+        counts = ", ".join(f"{len(tests.get(f'{k} list', []))} {k}" for k in OUTCOME_WORDS)
+        text = (
+            f"The test suite there ({tests['date']}, one process) was stopped by the run's "
+            f"budget ({tests['detail']}); of the tests that ended: {counts or 'none listed'}."
+        )
+    if tests:
         out.append(nodes.paragraph(text=text))
         listed = [
             (kind, line)
@@ -218,6 +225,9 @@ def _run_nodes(directive, device):
         if listed:
             out.append(_table([("kind", "test: reason"), *listed]))
     return out
+
+
+OUTCOME_WORDS = ("passed", "failure", "error", "skipped")
 
 
 def _table(rows):

@@ -10,8 +10,8 @@ XLA_FLAGS set), and the compiled HLO text; the on-device sizes and layouts of a 
 the error of float32 transcendentals, divisions, powers and matmuls against float64, at the
 matmul precisions "default" and "highest".
 
-    python scripts/tpu_probe.py > out.json      # < 60 s on a TPU v5e, the chip's start included
-    python scripts/tpu_probe.py scratch > out2.json   # only the scratch section (v2)
+    python tests/tpu_probe.py > out.json      # < 60 s on a TPU v5e, the chip's start included
+    python tests/tpu_probe.py scratch > out2.json   # only the scratch section (v2)
 
 Each item is measured on its own: one that raises records its error and the rest still run.
 """
