@@ -151,6 +151,21 @@ def _over_time(signum, frame):
     raise OverTimeLimit("the chapter ran past its time limit")
 
 
+def _fresh_shell():
+    """A new IPython shell whose displays land in `OUTPUTS`, figures inline, none open."""
+    _Shell.clear_instance()
+    shell = _Shell.instance(display_pub_class=_Publisher, displayhook_class=_DisplayHook)
+    # Figures shown at the end of each cell, as in a kernel. matplotlib_inline sets up the PNG
+    # format once per process, on the first shell: each chapter's fresh shell needs it again.
+    backend_inline.configure_inline_support.current_backend = "unset"
+    backend_inline.InlineBackend.clear_instance()
+    shell.enable_matplotlib("inline")
+    # A fresh kernel has no figure open; a figure left open here (by the process's earlier
+    # work) would take the chapter's first plot, and no new figure would be shown.
+    sys.modules["matplotlib.pyplot"].close("all")
+    return shell
+
+
 def execute(notebook, cwd, keep_going=False, on_cell=None, limit=None):
     """Runs `notebook`'s code cells in order, in this process, filling in their outputs.
 
@@ -168,16 +183,7 @@ def execute(notebook, cwd, keep_going=False, on_cell=None, limit=None):
     Returns:
       The list of `CellError`s (empty when every cell ran); without `keep_going`, at most one.
     """
-    _Shell.clear_instance()
-    shell = _Shell.instance(display_pub_class=_Publisher, displayhook_class=_DisplayHook)
-    # Figures shown at the end of each cell, as in a kernel. matplotlib_inline sets up the PNG
-    # format once per process, on the first shell: each chapter's fresh shell needs it again.
-    backend_inline.configure_inline_support.current_backend = "unset"
-    backend_inline.InlineBackend.clear_instance()
-    shell.enable_matplotlib("inline")
-    # A fresh kernel has no figure open; a figure left open here (by the process's earlier
-    # work) would take the chapter's first plot, and no new figure would be shown.
-    sys.modules["matplotlib.pyplot"].close("all")
+    shell = _fresh_shell()
     failures, previous = [], os.getcwd()
     os.chdir(cwd)
     streams = _Stream("stdout", sys.stdout), _Stream("stderr", sys.stderr)
