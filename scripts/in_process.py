@@ -19,7 +19,6 @@ import contextlib
 import io
 import os
 import signal
-import socket
 import sys
 import time
 
@@ -121,18 +120,11 @@ class _Stream(io.TextIOBase):
 
 
 def no_tcp_reason() -> str | None:
-    """Why a cell tagged `needs-tcp` cannot run here (no TCP connection on the loopback: the
-    lent TPU machine allows no TCP socket at all), or None. The same test as
-    `jaxloops.sharding.no_tcp_reason`, which chapter 12's processes rely on."""
-    try:
-        with socket.socket() as server, socket.socket() as client:
-            server.bind(("localhost", 0))
-            server.listen()
-            client.settimeout(5)
-            client.connect(server.getsockname())
-    except OSError as e:
-        return f"no TCP on this machine's loopback ({e})"
-    return None
+    """Why a cell tagged `needs-tcp` cannot run here, or None: the package's own test
+    (`jaxloops.sharding.no_tcp_reason`), on which chapter 12's processes rely."""
+    from jaxloops.sharding import no_tcp_reason as reason
+
+    return reason()
 
 
 class CellError(Exception):
