@@ -138,8 +138,18 @@ def test_a_host_callback_program_asks_the_cache_and_is_never_stored(tmp_path):
     # The control: the plain program is stored, then loaded by the next process.
     assert first["plain"] == {"requests": 1, "hits": 0, "writes": 1}
     assert second["plain"] == {"requests": 1, "hits": 1, "writes": 0}
-    # The callback program is requested by both processes, compiled by both, stored by none.
-    assert first["callback"] == second["callback"] == {"requests": 1, "hits": 0, "writes": 0}
+    # The callback program asks the cache in both processes (what chapter 1 corrects).
+    assert first["callback"]["requests"] == second["callback"]["requests"] == 1
+    never_stored = ({"requests": 1, "hits": 0, "writes": 0},) * 2
+    stored_then_loaded = (
+        {"requests": 1, "hits": 0, "writes": 1},
+        {"requests": 1, "hits": 1, "writes": 0},
+    )
+    assert (first["callback"], second["callback"]) in (never_stored, stored_then_loaded)
+    # The pinned JAX, which the book is built with, declines to store it, as chapter 1 says;
+    # JAX 0.12 (CI's newest-releases run, 2026-12-06) stores it and loads it in the next process.
+    if jax.__version__ == "0.10.2":
+        assert (first["callback"], second["callback"]) == never_stored
 
 
 def test_the_suite_cache_report_sums_the_processes_and_counts_the_entries(tmp_path):
