@@ -301,12 +301,21 @@ def record_run(files_at: pathlib.Path) -> None:
     target.mkdir(parents=True, exist_ok=True)
     merged = device_records.load_run(new["backend"]) or {"chapters": {}}
     merged.update({k: new[k] for k in ("device", "backend", "jax")})
+    ran = new["stages"].get("chapters", {}).get("chapters", [])
     if (files_at / "notebooks.tar.gz").is_file():
         with tarfile.open(files_at / "notebooks.tar.gz") as tar:
             for member in tar.getmembers():
                 if member.isfile() and member.name.endswith(".ipynb"):
                     name = pathlib.Path(member.name).name
-                    (target / name).write_bytes(tar.extractfile(member).read())
+                    notebook = json.loads(tar.extractfile(member).read())
+                    entry = next((e for e in ran if f"{e['stem']}.ipynb" == name), {})
+                    # Provenance beside the outputs (which are never touched): where, when, and
+                    # the SHA-256 of the sources the notebook ran
+                    notebook.setdefault("metadata", {})["device_run"] = {
+                        **{k: new[k] for k in ("device", "backend", "jax", "date")},
+                        "source_hash": entry.get("manifest", {}),
+                    }
+                    (target / name).write_text(json.dumps(notebook, indent=1) + "\n")
     for entry in new["stages"].get("chapters", {}).get("chapters", []):
         merged["chapters"][entry["chapter"]] = entry
     if "tests" in new["stages"]:  # a whole run's summary, or what ended before its budget
