@@ -75,6 +75,7 @@ def test_causal_sweep_pairs_full_and_causal_calls():
     assert [(r["implementation"], r["T"]) for r in rows] == [("naive", 12), ("blockwise", 12)]
     for row in rows:
         assert row["speedup_low"] <= row["speedup"] <= row["speedup_high"]
+        assert row["rounds"] == 3 and 0 <= row["causal_wins"] <= 3
     naive = rows[0]
     # Masking does not remove work from a program that builds the whole (T, S) matrix.
     assert naive["causal_flops"] >= naive["full_flops"]

@@ -5,19 +5,22 @@ import pytest
 from jaxloops.pages import ch09_causal as page
 
 
-def test_the_causal_claim_holds_in_the_worst_round_from_t_2048_on_every_machine():
-    lowest = {1024: 0.97, 2048: 1.31, 4096: 1.42}  # T = 1024 (unrolled) is not claimed
-    failed, sentence, checked = page.causal_claim(lowest)
+def test_the_causal_claim_needs_the_rules_wins_from_t_2048_on_every_machine():
+    wins = {1024: (6, 15), 2048: (13, 15), 4096: (15, 15)}  # T = 1024 (unrolled) is not claimed
+    failed, sentence, checked = page.causal_claim(wins)
     assert failed == [] and checked == [2048, 4096]
-    assert "every paired round at every T ≥ 2048" in sentence and "1.31 at T = 2048" in sentence
-    # Known-wrong: one round in which causal was no faster fails the page, wherever it runs.
-    for wrong in ({2048: 1.0}, {4096: 0.95}):
-        failed, _, _ = page.causal_claim({**lowest, **wrong})
-        assert len(failed) == 1 and "lowest ratio" in failed[0]
+    assert "13 of 15 at T = 2048, 13 needed" in sentence
+    # Known-wrong: a causal call that wins only 12 of 15 rounds (a coin does so 1.8 % of the
+    # time) fails the page, wherever it runs; so does one that lost most rounds.
+    for wrong in ({2048: (12, 15)}, {4096: (4, 15)}):
+        failed, _, _ = page.causal_claim({**wins, **wrong})
+        assert len(failed) == 1 and "needs 13" in failed[0]
     with pytest.raises(ValueError, match="no causal speedup"):
         page.causal_claim({})
     with pytest.raises(ValueError, match="no causal speedup at T >= 2048"):
-        page.causal_claim({1024: 1.5})
+        page.causal_claim({1024: (15, 15)})
+    with pytest.raises(ValueError, match="5 paired rounds cannot show"):
+        page.causal_claim({2048: (5, 5)})
 
 
 def test_the_unroll_control_fails_a_slower_unrolled_call_only_on_two_free_cores():

@@ -357,8 +357,9 @@ def causal_sweep(key: jax.Array, lengths, implementations, *, dtype, **shape) ->
         repeats, materialise_max_length, parallel_blocks), passed to it unchanged.
 
     The full and causal calls alternate, so each repeat gives one paired ratio
-    full / causal taken moments apart; `speedup` is the median of those ratios and
-    `speedup_low`, `speedup_high` their smallest and largest.
+    full / causal taken moments apart; `speedup` is the median of those ratios,
+    `speedup_low`, `speedup_high` their smallest and largest, and `causal_wins` the number
+    of them above 1 (of `rounds`).
     """
     requests = [(name, dtype, is_causal) for name in implementations for is_causal in (False, True)]
     sweep = attention_sweep(key, lengths, requests, **shape)
@@ -375,6 +376,9 @@ def causal_sweep(key: jax.Array, lengths, implementations, *, dtype, **shape) ->
                 "speedup": paired_ratio(full["samples"], causal["samples"]) if ratios else None,
                 "speedup_low": min(ratios) if ratios else None,
                 "speedup_high": max(ratios) if ratios else None,
+                # The book's rule for "causal is faster" (`faster_rounds`): wins of rounds.
+                "causal_wins": sum(r > 1 for r in ratios) if ratios else None,
+                "rounds": len(ratios),
                 "full_flops": full["flops"],
                 "causal_flops": causal["flops"],
                 "error": full["error"] or causal["error"],

@@ -277,12 +277,44 @@ def paired_ratio(a: list[float], b: list[float]) -> float:
 
 
 def worst_paired_ratio(a: list[float], b: list[float]) -> float:
-    """The largest over rounds of a's time over b's in the same round: the book's one rule
-    for a claim that a is faster than b (or b slower than a by some factor) is that it holds
-    in this, the worst of its paired rounds, on every build and backend."""
+    """The largest over rounds of a's time over b's in the same round: the worst of the
+    paired rounds, reported beside the rule's count (`faster_rounds`)."""
     if len(a) != len(b) or not a:
         raise ValueError(f"paired samples need the same length, at least 1: {len(a)}, {len(b)}")
     return max(x / y for x, y in zip(a, b))
+
+
+# The book's one rule for a claim that one program is faster than another (its sign test):
+# the faster one must win at least `rounds_needed(n)` of n paired rounds, the fewest wins a
+# fair coin reaches less than once in 100 tries. One disturbed round on a shared machine
+# cannot fail it; a program that is not faster fails it 99 times in 100.
+CLAIM_LEVEL = 0.01
+
+
+def rounds_needed(rounds: int, level: float = CLAIM_LEVEL) -> int:
+    """The fewest wins out of `rounds` paired rounds that a fair coin reaches with probability
+    below `level` (a one-sided sign test)."""
+    tail = 0.0
+    for wins in range(rounds, -1, -1):
+        tail += math.comb(rounds, wins) / 2**rounds  # P(at least `wins` heads)
+        if tail >= level:
+            if wins == rounds:
+                raise ValueError(
+                    f"{rounds} paired rounds cannot show a difference at the level {level}: "
+                    f"even {rounds} wins of {rounds} happen by chance {tail:.3f} of the time"
+                )
+            return wins + 1
+    raise ValueError(f"rounds must be at least 1: {rounds}")
+
+
+def faster_rounds(fast: list[float], slow: list[float]) -> tuple[int, int]:
+    """(the rounds in which `fast` took less time than `slow`, the rounds needed for the claim
+    that it is faster: `rounds_needed`), from two runs' lists of `interleaved_samples`."""
+    if len(fast) != len(slow) or not fast:
+        raise ValueError(
+            f"paired samples need the same length, at least 1: {len(fast)}, {len(slow)}"
+        )
+    return sum(x < y for x, y in zip(fast, slow)), rounds_needed(len(fast))
 
 
 def interleaved_seconds(runs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
