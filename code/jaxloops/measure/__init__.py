@@ -8,7 +8,6 @@ from jaxloops.measure import cache_memory as cache_memory  # measure.cache_memor
 from jaxloops.measure import comms as comms  # a module: measure.comms.per_step
 from jaxloops.measure import compiled as compiled  # a module: measure.compiled.fusions_of
 from jaxloops.measure import feeds as feeds  # a module: measure.feeds.time_feeds
-from jaxloops.measure import gpu_report as gpu_report  # a module: measure.gpu_report.sidebar
 from jaxloops.measure import published as published  # a module: measure.published.PUBLISHED
 from jaxloops.measure import step_memory as step_memory  # measure.step_memory.formula_sweep
 from jaxloops.measure import step_speed as step_speed  # measure.step_speed.step_rates
@@ -33,18 +32,10 @@ from jaxloops.measure.profile import (
     busy_seconds,
     device_op_seconds,
     device_under_host_work,
-    draw_timeline,
     overlap_seconds,
     predicted_blocked_shares,
     trace_spans,
     wait_count,
-)
-from jaxloops.measure.render import (
-    draw_params,
-    draw_scan,
-    draw_throughput,
-    draw_tree,
-    markdown_table,
 )
 from jaxloops.measure.roofline import (
     CEILING_MARGIN,
@@ -129,11 +120,6 @@ __all__ = (
     "describe_backend",
     "device_op_seconds",
     "device_under_host_work",
-    "draw_params",
-    "draw_scan",
-    "draw_throughput",
-    "draw_timeline",
-    "draw_tree",
     "fit_against_bare_epoch",
     "free_cores",
     "gpu_facts",
@@ -146,7 +132,6 @@ __all__ = (
     "last_level_cache_bytes",
     "loop_copies",
     "machine_facts",
-    "markdown_table",
     "measure_roofline",
     "naive_attention_parts",
     "numerics_table",

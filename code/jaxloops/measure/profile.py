@@ -196,14 +196,3 @@ def predicted_blocked_shares(host: float, device: float, every_step: float, neve
         "fetch every step": device / (host + device),
         "never fetch": alone / (max(host, device) + alone),
     }
-
-
-def draw_timeline(ax, spans: list[Span], title: str) -> None:
-    """One horizontal bar per span, one row per kind, on a matplotlib axis (milliseconds)."""
-    colours = {HOST_WORK: "C1", "dispatch": "C0", "wait": "C3", "device": "C2"}
-    for y, row in enumerate(ROWS):
-        bars = [(1e3 * s.start, 1e3 * (s.end - s.start)) for s in spans if s.row == row]
-        ax.broken_barh(bars, (y - 0.35, 0.7), color=colours[row])
-    ax.set_yticks(range(len(ROWS)), ROWS)
-    ax.invert_yaxis()
-    ax.set_title(title, fontsize=9, loc="left")

@@ -3,9 +3,9 @@ measured; what XLA fuses; the fused kernels and the numerics (book/08_attention.
 
 import jax.numpy as jnp
 
-from jaxloops.measure.render import subplots
 from jaxloops.measure.timing import paired_ratio
 from jaxloops.pages.common import MiB
+from jaxloops.pages.render import subplots
 
 
 def scores_bytes(batch: int, heads: int, length: int) -> int:

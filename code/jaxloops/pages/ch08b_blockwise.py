@@ -3,10 +3,10 @@ kernels and tiles against the roofline (book/08b_blockwise.md)."""
 
 import numpy as np
 
-from jaxloops.measure.render import subplots
 from jaxloops.measure.roofline import raise_roofline
 from jaxloops.pages.ch08_attention import scores_bytes
 from jaxloops.pages.common import MiB
+from jaxloops.pages.render import subplots
 
 
 def online_walk(scores, walk, exact, block: int = 6):

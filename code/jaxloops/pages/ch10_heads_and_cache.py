@@ -2,11 +2,11 @@
 tables and plots, and what serving a large model would keep (book/10_heads_and_cache.md)."""
 
 from jaxloops.kvcache import attention_kind, kv_cache_bytes
-from jaxloops.measure.render import subplots
 from jaxloops.measure.roofline import CEILING_MARGIN
 from jaxloops.measure.timing import paired_ratio
 from jaxloops.pages.ch08_attention import log2_axes
 from jaxloops.pages.common import MiB
+from jaxloops.pages.render import subplots
 
 # How far a step may beat the floor when every cache, and the floor's own read, fit in the
 # last-level cache: the floor's bandwidth is then a cached read's, and a smaller cache sits

@@ -7,10 +7,10 @@ import math
 
 import numpy as np
 
-from jaxloops.measure.render import subplots
 from jaxloops.measure.roofline import CEILING_MARGIN
 from jaxloops.measure.step_speed import ALLOCATORS
 from jaxloops.pages import goals
+from jaxloops.pages.render import subplots
 
 
 def corpus_figures(corpus, unknown_id: int) -> dict:

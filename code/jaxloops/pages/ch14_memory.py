@@ -1,9 +1,9 @@
 """Chapter 14's page: its figures, drawn from the rows of `jaxloops.measure.step_memory`
 (book/14_memory.md)."""
 
-from jaxloops.measure.render import subplots
 from jaxloops.memory import step_bytes
 from jaxloops.pages.common import MiB
+from jaxloops.pages.render import subplots
 
 
 def _line(rows, axis, fixed):

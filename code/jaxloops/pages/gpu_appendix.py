@@ -12,7 +12,7 @@ import pathlib
 
 from jaxloops.measure.comms import critical_batch
 from jaxloops.measure.published import PublishedPeaks, published_peaks
-from jaxloops.measure.render import markdown_table
+from jaxloops.pages.render import markdown_table
 
 # Top-level sections the results file has, and what each holds. The run wrote the file after
 # every stage, so a section may be empty where a stage timed out or failed.

@@ -1,7 +1,10 @@
-"""Rendering for the pages: rows of measurements as Markdown tables, a pytree as a figure."""
+"""Rendering for the pages: rows of measurements as Markdown tables, a pytree, a scan, a
+sweep or a trace's spans as a figure."""
 
 import jax
 import numpy as np
+
+from jaxloops.measure.profile import HOST_WORK, ROWS, Span
 
 
 def subplots(*args, **kwargs):
@@ -115,3 +118,14 @@ def draw_throughput(left, right, sweeps: dict, ceiling: float) -> None:
     for axis in (left, right):
         axis.set_xticks(batch, [str(b) for b in batch])
         axis.minorticks_off()
+
+
+def draw_timeline(ax, spans: list[Span], title: str) -> None:
+    """One horizontal bar per span, one row per kind, on a matplotlib axis (milliseconds)."""
+    colours = {HOST_WORK: "C1", "dispatch": "C0", "wait": "C3", "device": "C2"}
+    for y, row in enumerate(ROWS):
+        bars = [(1e3 * s.start, 1e3 * (s.end - s.start)) for s in spans if s.row == row]
+        ax.broken_barh(bars, (y - 0.35, 0.7), color=colours[row])
+    ax.set_yticks(range(len(ROWS)), ROWS)
+    ax.invert_yaxis()
+    ax.set_title(title, fontsize=9, loc="left")
