@@ -326,29 +326,10 @@ def record_run(files_at: pathlib.Path) -> None:
 def download_wheels() -> None:
     """CARRIED into .whl-device/ (needs the network): wheels for the device's Python 3.11."""
     shutil.rmtree(WHEELS, ignore_errors=True)
-    platforms = [
-        a for n in ("2_28", "2_27", "2_24", "2_17") for a in ("--platform", f"manylinux_{n}_x86_64")
-    ]
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "-q",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--python-version",
-            "3.11",
-            "--implementation",
-            "cp",
-            *platforms,
-            "-d",
-            str(WHEELS),
-            *CARRIED,
-        ],
-        check=True,
-    )
+    platforms = [f"--platform=manylinux_{n}_x86_64" for n in ("2_28", "2_27", "2_24", "2_17")]
+    download = "-m pip download -q --no-deps --only-binary=:all: --python-version 3.11"
+    command = [sys.executable, *download.split(), "--implementation=cp", *platforms]
+    subprocess.run([*command, "-d", str(WHEELS), *CARRIED], check=True)
 
 
 def main(argv=None) -> int:
