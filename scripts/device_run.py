@@ -11,14 +11,16 @@ Stages, each recorded in $OUT/run.json as it ends:
             folder exists) and the carried wheels, into SITE (kept on a warm machine)
   tests     the whole suite in ONE process (one process at a time can hold a TPU), with a
             JUnit report; the summary lists every skip with its reason
+  kernels   chapter 17's kernel sweep (jaxloops.measure.kernel_sweep) in a process of its
+            own, resumed from results/<device>/kernels.json: each row is written as it ends
   chapters  each chapter without a current record executed strictly, in a process of its
             own that holds the device (cells run in-process, scripts/in_process.py: the
             machine allows no TCP, so no Jupyter kernel); its notebook, seconds, failing
             cells and manifest (book/_ext/device_records.py) recorded as it ends, so a run
             stopped by its budget resumes in the next command
 $OUT then holds run.json, notebooks.tar.gz (the executed chapters), junit.xml, tests.log,
-chapters.log and chapters.jsonl: six files (the device tool returns eight). `record` merges a
-run into results/<device>/: that is what the book renders.
+chapters.log, chapters.jsonl, kernels.json and kernels.log: eight files, the most the device
+tool returns. `record` merges a run into results/<device>/: that is what the book renders.
 
     python3 scripts/device_run.py record "$FILES_AT"
 """
@@ -259,6 +261,18 @@ def execute(out: pathlib.Path, paths: list[str], limit: float) -> None:
             progress.write(json.dumps(entry) + "\n")
 
 
+def kernels(out: pathlib.Path, seconds: float, backend: str) -> dict:
+    """Chapter 17's sweep, resumed from the recorded rows (the sweep re-runs a row whose
+    kernel source changed), in a child process that holds the device."""
+    rows, recorded = out / "kernels.json", ROOT / "results" / backend / "kernels.json"
+    if recorded.is_file() and not rows.is_file():
+        shutil.copy(recorded, rows)
+    command = [sys.executable, "-m", "jaxloops.measure.kernel_sweep", str(rows)]
+    code = logged([*command, "--budget", f"{seconds - 20:.0f}"], out / "kernels.log", seconds)
+    status = "ok" if code == 0 else "timed out" if code is None else f"exit {code}"
+    return {"status": status, "detail": f"rows in {rows.name}"}
+
+
 def run(
     out: pathlib.Path,
     stages: list[str],
@@ -279,9 +293,13 @@ def run(
                 result = setup(out)
             elif stage == "tests":
                 result = tests(out, min(left(), tests_budget) - 5, list(pytest_args))
-            else:
+            elif stage == "kernels":
+                result = kernels(out, left() - 5, record["backend"])
+            elif stage == "chapters":
                 recorded = device_records.load_run(record.get("backend", "tpu"))
                 result = chapters(out, left() - 5, recorded.get("chapters", {}), only)
+            else:
+                raise ValueError(f"unknown stage {stage!r}: setup, tests, kernels or chapters")
         except Exception as error:  # recorded, and the next stage still runs
             result = {"status": "error", "detail": repr(error)[:800]}
         record["stages"][stage] = {**result, "seconds": round(time.perf_counter() - began, 1)}
@@ -318,6 +336,8 @@ def record_run(files_at: pathlib.Path) -> None:
                     (target / name).write_text(json.dumps(notebook, indent=1) + "\n")
     for entry in new["stages"].get("chapters", {}).get("chapters", []):
         merged["chapters"][entry["chapter"]] = entry
+    if (files_at / "kernels.json").is_file():  # chapter 17's rows, each with its provenance
+        shutil.copy(files_at / "kernels.json", target / "kernels.json")
     if "tests" in new["stages"]:  # a whole run's summary, or what ended before its budget
         merged["tests"] = {**new["stages"]["tests"], "date": new["date"]}
     (target / "run.json").write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")

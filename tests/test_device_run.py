@@ -142,3 +142,36 @@ def test_a_test_run_cut_short_still_says_which_tests_ended(tmp_path):
     assert ended == {"ended": 3, "passed list": ["tests/test_a.py::test_one"],
                      "failure list": ["tests/test_a.py::test_two"],
                      "skipped list": ["tests/test_b.py::test_three[7]"]}  # fmt: skip
+
+
+def test_the_kernel_sweep_resumes_from_the_recorded_rows_and_is_recorded_back(tree, monkeypatch):
+    recorded = tree / "results" / "tpu" / "kernels.json"
+    recorded.parent.mkdir(parents=True)
+    recorded.write_text('{"rows": ["done before"]}')
+    calls = []
+    monkeypatch.setattr(device_run, "logged", lambda command, log, seconds: calls.append(command))
+    out = tree / "out"
+    out.mkdir()
+    result = device_run.kernels(out, 300, "tpu")
+    # The child starts from the recorded rows, and its budget leaves it time to write them.
+    assert (out / "kernels.json").read_text() == recorded.read_text()
+    assert calls[0][-4:] == [
+        "jaxloops.measure.kernel_sweep",
+        str(out / "kernels.json"),
+        "--budget",
+        "280",
+    ]
+    assert result["status"] == "timed out"  # the stub returned None, as a killed child does
+    (out / "kernels.json").write_text('{"rows": ["done before", "done now"]}')
+    (out / "run.json").write_text(json.dumps({"device": "TPU v5 lite", "backend": "tpu",
+                                              "jax": "0.10.2", "date": "2026-12-07",
+                                              "stages": {}}))  # fmt: skip
+    device_run.record_run(out)
+    assert json.loads(recorded.read_text())["rows"] == ["done before", "done now"]
+
+
+def test_an_unknown_stage_is_recorded_as_an_error_naming_it(tree, monkeypatch):
+    monkeypatch.setattr(device_run, "describe", lambda: {"backend": "cpu"})
+    assert device_run.run(tree / "out", ["kernel"], budget=60, only=[]) == 1
+    stage = json.loads((tree / "out" / "run.json").read_text())["stages"]["kernel"]
+    assert stage["status"] == "error" and "unknown stage 'kernel'" in stage["detail"]
