@@ -45,13 +45,14 @@ def page_import_problems(chapter: str, text: str) -> list[str]:
     """The import lines of chapter `chapter` (its file name's stem) that break the style:
     `import jaxloops` and `from jaxloops import <module>` for the lesson, `from
     jaxloops.measure import <module>` for an instrument, `from jaxloops.pages import check,
-    glue_all`, `from jaxloops.pages import goals` (the goals the issues set, one table),
-    and `from jaxloops.pages import <this chapter's page module> as page`; never `from
-    jaxloops.x import name`, and never another chapter's page module."""
+    glue_all`, the modules every page shares (`goals`, the goals the issues set; `render`, the
+    tables and drawings; `gpu_appendix`, the recorded GPU run the sidebars quote), and `from
+    jaxloops.pages import <this chapter's page module> as page`; never `from jaxloops.x
+    import name`, and never another chapter's page module."""
     allowed = re.compile(
         r"^(import jaxloops|from jaxloops(\.measure)? import [a-z_]+(, [a-z_]+)*"
-        r"|from jaxloops\.pages import (check|glue_all|goals)(, glue_all)?"
-        r"|from jaxloops\.pages import (ch\w+) as page)$"
+        r"|from jaxloops\.pages import (check|glue_all|goals|render|gpu_appendix)(, glue_all)?"
+        r"|from jaxloops\.pages import (\w+) as page)$"
     )
     problems = []
     for line in text.splitlines():
@@ -59,7 +60,7 @@ def page_import_problems(chapter: str, text: str) -> list[str]:
         if not re.match(r"^(from|import) jaxloops\b", stripped):
             continue
         match = allowed.match(stripped)
-        if not match or match.group(6) not in (None, f"ch{chapter}"):
+        if not match or match.group(6) not in (None, f"ch{chapter}", chapter):
             problems.append(stripped)
             continue
         module = stripped.split(" import ")[0].removeprefix("from ")

@@ -120,6 +120,7 @@ __all__ = (
     "describe_backend",
     "device_op_seconds",
     "device_under_host_work",
+    "faster_rounds",
     "fit_against_bare_epoch",
     "free_cores",
     "gpu_facts",
@@ -148,6 +149,7 @@ __all__ = (
     "reference_attention",
     "roofline",
     "Roofline",
+    "rounds_needed",
     "run_attention",
     "run_label",
     "samples_beside_ceiling",
@@ -164,7 +166,5 @@ __all__ = (
     "uses_cudnn_kernel",
     "versions",
     "wait_count",
-    "faster_rounds",
-    "rounds_needed",
     "worst_paired_ratio",
 )
