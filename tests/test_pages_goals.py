@@ -12,6 +12,15 @@ def test_the_goals_are_the_values_the_issues_set():
         "causal_over_full": (1.4, True),
         "step_of_ceiling": (0.55, True),
         "gradient_over_forward": (3.3, False),
+        "pallas_forward_h128": (0.80, True),
+        "pallas_forward_h64": (0.60, True),
+        "pallas_causal_of_ideal": (0.85, True),
+        "pallas_causal_speedup": (1.8, True),
+        "pallas_forward_backward_h128": (0.45, True),
+        "pallas_over_library": (1.0, True),
+    }
+    assert {g.key for g in goals.GOALS if g.backend == "tpu"} == {
+        k for k in asked if k.startswith("pallas")
     }
 
 
@@ -50,6 +59,19 @@ def test_the_bench_record_fails_only_where_a_goal_applies(tmp_path):
     assert goals.recorded(tmp_path) == {"cpu-test-2cores": json.loads(path.read_text())}
     with pytest.raises(ValueError, match=r"measured values for no goal: \['speed'\]"):
         goals.bench_record({"speed": 1.0}, "cpu", {})
+
+
+def test_a_tpu_goal_applies_on_a_tpu_only():
+    g = goals.goal("pallas_forward_h128")
+    assert goals.verdict(g, 0.82, "tpu") == "met (82.0%)"
+    assert goals.verdict(g, 0.78, "tpu") == "missed by 2.0% (78.0%)"
+    off = goals.verdict(g, 0.82, "cpu")
+    assert off.startswith("not applicable here") and "TPU v5e" in off
+    on_tpu = goals.bench_record({"pallas_forward_h128": 0.5}, "tpu", {})
+    assert goals.missed(on_tpu) == ["pallas_forward_h128"]
+    assert goals.missed(goals.bench_record({"pallas_forward_h128": 0.5}, "cpu", {})) == []
+    # A CPU goal is still not applicable on a TPU.
+    assert goals.not_applicable("tpu", goals.goal("causal_over_full")).startswith("set for XLA")
 
 
 def test_chapters_leave_their_values_for_build_info(tmp_path):

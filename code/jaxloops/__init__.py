@@ -29,6 +29,9 @@ Where things live:
   jaxloops.memory, jaxloops.accumulate, jaxloops.precision
                       chapter 14: remat and the scan over layers, gradient accumulation,
                       mixed precision and loss scaling.
+  jaxloops.pallas_attention, jaxloops.pallas_kernels
+                      chapter 17: blockwise attention as Pallas kernels for a TPU, forward
+                      and backward (interpreted on other backends).
 
 Two rules, applied everywhere:
 

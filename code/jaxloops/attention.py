@@ -218,7 +218,9 @@ def textbook_attention(query, key, value, *, is_causal: bool = True):
     return out.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)  # (B, T, N, H)
 
 
-def attention_rounding_bound(query, key, scale, eps: float | None = None) -> float:
+def attention_rounding_bound(
+    query, key, scale, eps: float | None = None, *, storage_eps: float = 0.0, magnitude=None
+) -> float:
     """The largest difference float32 rounding explains between two correct attentions (or
     their gradients) of `query` (B, T, N, H) and `key` (B, S, K, H), for results of size at
     most `scale` (max |value| for outputs, max |gradient| for a gradient):
@@ -235,6 +237,13 @@ def attention_rounding_bound(query, key, scale, eps: float | None = None) -> flo
     sum and the weighted sum of values add S terms each, rounding errors growing as sqrt(S)
     (random signs), each term at most `scale`. The 2 covers the two sums and the exp.
     A known-wrong answer (a stale cache slot, shifted positions) misses by O(scale).
+
+    Inputs stored in a coarser dtype than the float32 arithmetic (bfloat16) add
+    3 * storage_eps * magnitude, storage_eps that dtype's epsilon: each of the two attentions
+    rounds at most three numbers of a result's path to it (the weights before the mix, an
+    intermediate of the backward pass, the result), each by at most storage_eps / 2 of the
+    sum of the absolute values of the terms, `magnitude` (default `scale`; for outputs
+    max |value|, for gradients `rounding_magnitudes`).
     """
     query, key = np.abs(np.asarray(query, np.float64)), np.abs(np.asarray(key, np.float64))
     B, T, N, H = query.shape
@@ -242,4 +251,50 @@ def attention_rounding_bound(query, key, scale, eps: float | None = None) -> flo
     grouped = query.reshape(B, T, K, N // K, H)  # (B, T, K, G, H)
     A = np.einsum("BTKGH,BSKH->BKGTS", grouped, key).max() / math.sqrt(H)
     eps = backend_eps(ATTENTION) if eps is None else eps
-    return float(2 * eps * float(scale) * (1 + math.sqrt(S) + A))
+    magnitude = scale if magnitude is None else magnitude
+    storage = 3 * storage_eps * float(magnitude)
+    return float(2 * eps * float(scale) * (1 + math.sqrt(S) + A) + storage)
+
+
+def rounding_magnitudes(query, key, value, d_out, *, is_causal: bool = False) -> dict:
+    """The sums of absolute terms that a rounding of an attention's output and gradients
+    is relative to (`attention_rounding_bound`'s `magnitude`), in float64 NumPy: with P the
+    weights, dP = dO V^T, |D| = sum_h |dO_h O_h| and c = 1/sqrt(H),
+
+      out: max |v|;  dv: max of P^T |dO|;  dq: c max of (P (|dP| + |D|)) |K|;
+      dk: c max of (P (|dP| + |D|))^T |Q|
+
+    (a gradient of a key/value head sums its G query heads).
+
+    Args:
+      query: (B, T, N, H); key, value: (B, S, K, H); d_out: (B, T, N, H), the gradient of
+        the output.
+    """
+    q, k, v, do = (np.asarray(x, np.float64) for x in (query, key, value, d_out))
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    G, c = N // K, 1.0 / math.sqrt(H)
+    k, v = np.repeat(k, G, axis=2), np.repeat(v, G, axis=2)  # (B, S, N, H): head n reads n // G
+    scores = np.einsum("BTNH,BSNH->BNTS", q, k, optimize=True) * c  # (B, N, T, S)
+    if is_causal:
+        scores = np.where(np.asarray(causal_mask(T, S)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)  # (B, N, T, S)
+    out = np.einsum("BNTS,BSNH->BTNH", weights, v, optimize=True)
+    d_weights = np.abs(np.einsum("BTNH,BSNH->BNTS", do, v, optimize=True))  # |dP|, (B, N, T, S)
+    d_rows = np.einsum("BTNH,BTNH->BNT", np.abs(do), np.abs(out), optimize=True)[..., None]  # |D|
+    spread = weights * (d_weights + d_rows)  # (B, N, T, S)
+
+    def per_kv_head(x_BSNH):  # (B, S, N, H) -> (B, S, K, H): the G query heads summed
+        return x_BSNH.reshape(B, S, K, G, H).sum(axis=3)
+
+    return {
+        "out": float(np.abs(v).max()),
+        "dq": float(c * np.einsum("BNTS,BSNH->BTNH", spread, np.abs(k), optimize=True).max()),
+        "dk": float(
+            c * per_kv_head(np.einsum("BNTS,BTNH->BSNH", spread, np.abs(q), optimize=True)).max()
+        ),
+        "dv": float(
+            per_kv_head(np.einsum("BNTS,BTNH->BSNH", weights, np.abs(do), optimize=True)).max()
+        ),
+    }

@@ -170,6 +170,21 @@ class StreamingSizes:
 
 
 @dataclasses.dataclass(frozen=True)
+class KernelSizes:
+    """Chapter 17: the attention kernel in Pallas, interpreted on a CPU (and a GPU, where the
+    TPU kernels do not compile), compiled on a TPU."""
+
+    batch: int  # B of the page's checks against naive attention
+    heads: int  # N
+    kv_heads: int  # K, K < N: grouped-query attention
+    length: int  # T = S of the checks, a multiple of `block`
+    head_dim: int  # H
+    block: int  # Tb = Sb of the checks
+    count_lengths: tuple[int, ...]  # T = S of the block-count table (the TPU run's lengths)
+    vmem_blocks: tuple[int, ...]  # Tb = Sb of the VMEM table
+
+
+@dataclasses.dataclass(frozen=True)
 class Sizes:
     """Experiment sizes for one backend, one part per group of chapters."""
 
@@ -182,6 +197,7 @@ class Sizes:
     checkpoint: CheckpointSizes
     memory: MemorySizes
     streaming: StreamingSizes
+    kernel: KernelSizes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,6 +359,20 @@ _PARTS = dict(
         save_every=By(10, 20),
         kill_step=By(70, 80),
         nnx_steps=By(20, 50),
+    ),
+    kernel=_per_backend(
+        KernelSizes,
+        # CPU and GPU: Pallas's TPU interpreter runs a grid step at a time (about 10 ms each on
+        # the 2-core CPU), so a few dozen steps a kernel; TPU: compiled, naive attention's
+        # (B, N, T, S) float32 scores at 256 MiB beside it
+        batch=By(1, 1, 2),
+        heads=By(4, 4, 8),
+        kv_heads=2,
+        length=By(384, 384, 2048),
+        head_dim=By(64, 64, 128),
+        block=By(128, 128, 512),
+        count_lengths=(1024, 4096, 8192, 16384),
+        vmem_blocks=(128, 256, 512, 1024),
     ),
 )
 _SIZES = {backend: Sizes(backend, **{name: parts[i] for name, parts in _PARTS.items()})

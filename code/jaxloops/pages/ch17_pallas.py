@@ -1,0 +1,329 @@
+"""Chapter 17's page: the kernel's VMEM and block counts as tables, its agreement with naive
+attention, and the TPU run `measure.kernel_sweep` recorded (results/tpu/kernels.json): read,
+compared with today's kernel source, and turned into the chapter's tables and goals."""
+
+import json
+import pathlib
+
+import jax
+import numpy as np
+from jax.experimental.pallas import tpu as pltpu
+
+from jaxloops import pallas_attention as pa
+from jaxloops.attention import rounding_magnitudes
+from jaxloops.measure import kernel_sweep
+from jaxloops.measure.roofline import CEILING_MARGIN
+from jaxloops.pages import goals
+from jaxloops.pages.common import MiB
+from jaxloops.pages.render import markdown_table
+
+RECORD = pathlib.Path(__file__).resolve().parents[3] / "results" / "tpu" / "kernels.json"
+# The implementations of the summary, in its columns' order.
+SHOWN = ("pallas", "flash_attention", "splash", "blockwise", "xla", "pallas, B T N H")
+LIBRARIES = ("flash_attention", "splash")
+
+
+def v5e_facts() -> dict:
+    """The TPU v5e's per-core facts as JAX's Pallas TPU backend tabulates them
+    (`pltpu.get_tpu_info_for_chip`, jax/_src/pallas/mosaic/tpu_info.py)."""
+    info = pltpu.get_tpu_info_for_chip(pltpu.ChipVersion.TPU_V5E, 1)
+    return {
+        "vmem_mib": info.vmem_capacity_bytes / MiB,
+        "mxu": info.mxu_column_size,
+        "mxus": info.num_mxus,
+        "lanes": info.num_lanes,
+        "sublanes": info.num_sublanes,
+        "bf16_tflops": info.bf16_ops_per_second / 1e12,
+    }
+
+
+def vmem_rows(blocks, head_dims, dtype, vmem_mib: float) -> list[dict]:
+    """The forward kernel's VMEM at Tb = Sb = each of `blocks`, for each head dim
+    (`pa.forward_vmem_bytes`), in MiB and as a share of `vmem_mib`."""
+    rows = []
+    for block in blocks:
+        for H in head_dims:
+            parts = pa.forward_vmem_bytes(pa.Blocks(block, block, False, True), H, dtype)
+            row = {"block": block, "H": H, **{k: v / MiB for k, v in parts.items()}}
+            row["total"] = sum(parts.values()) / MiB
+            row["share"] = f"{row['total'] / vmem_mib:.1%}"
+            rows.append(row)
+    return rows
+
+
+def count_rows(lengths, block: int) -> list[dict]:
+    """Per (batch element, head), what the causal forward grid computes, masks and fetches at
+    T = S = each length in blocks of `block`, against full attention, and the speed-up the
+    computed blocks predict beside 2n / (n + 1)."""
+    rows = []
+    for T in lengths:
+        full = pa.block_counts(T, T, pa.Blocks(block, block, False, True))
+        causal = pa.block_counts(T, T, pa.Blocks(block, block, True, True))
+        n = T // block
+        rows.append({
+            "T": T, "n": n, "steps": causal["steps"], "full": full["computed"],
+            "computed": causal["computed"], "masked": causal["masked"],
+            "fetched": causal["fetched"], "predicted": full["computed"] / causal["computed"],
+            "ideal": 2 * n / (n + 1),
+        })  # fmt: skip
+    return rows
+
+
+def agreement_rows(got, expected, query, key, value, d_out, *, is_causal, interpret=None):
+    """Each of the output and dQ, dK, dV (`got` against `expected`, in that order): the
+    largest difference, the bound rounding explains (`pa.agreement_bound`, with the
+    magnitudes of `rounding_magnitudes`) and their ratio (above 1: not rounding)."""
+    magnitude = rounding_magnitudes(query, key, value, d_out, is_causal=is_causal)
+    rows = []
+    for i, name in enumerate(("out", "dq", "dk", "dv")):
+        g, e = (np.asarray(x, np.float64) for x in (got[i], expected[i]))
+        if g.shape != e.shape:
+            raise ValueError(f"{name}: shapes differ, {g.shape} and {e.shape}")
+        bound = pa.agreement_bound(
+            query, key, np.abs(e).max(), magnitude[name], grad=i > 0, interpret=interpret
+        )
+        error = float(np.abs(g - e).max())
+        rows.append({"result": name, "error": error, "bound": bound, "ratio": error / bound})
+    return rows
+
+
+def vmem_table(rows: list[dict]) -> str:
+    columns = {"block": "Tb = Sb", "H": "H", "tiles": "tiles, two buffers (MiB)",
+               "scratch": "scratch (MiB)", "temporaries": "score temporaries (MiB)",
+               "total": "total (MiB)", "share": "share of VMEM"}  # fmt: skip
+    return markdown_table(rows, columns)
+
+
+def count_table(rows: list[dict]) -> str:
+    columns = {"T": "T = S", "n": "n key blocks", "steps": "grid steps", "full": "full: computed",
+               "computed": "causal: computed", "masked": "masked", "fetched": "key blocks fetched",
+               "predicted": "predicted speed-up", "ideal": "2n / (n + 1)"}  # fmt: skip
+    return markdown_table(rows, columns)
+
+
+def agreement_table(rows: list[dict]) -> str:
+    columns = {"result": "result", "error": "largest difference", "bound": "rounding bound",
+               "ratio": "difference / bound"}  # fmt: skip
+    return markdown_table(rows, columns)
+
+
+def kernel_operand_shapes(fn, *args) -> list[list[tuple]]:
+    """The shapes of the operands of each `pallas_call` in fn(*args)'s program, in order."""
+    found = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                found.append([tuple(v.aval.shape) for v in eqn.invars])
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, tuple | list) else (param,):
+                    inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's, or a Jaxpr
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return found
+
+
+def backend_note(backend: str) -> str:
+    """What ran the kernels on this page, in words."""
+    if backend == "tpu":
+        return "compiled by Mosaic for the TPU, at the TPU's sizes"
+    where = "a GPU, where Pallas's TPU kernels do not compile" if backend == "gpu" else "a CPU"
+    return (
+        f"interpreted: this build runs on {where}, so the kernels run in Pallas's TPU "
+        "interpreter, a grid step at a time, at small sizes"
+    )
+
+
+def load_record(path=RECORD) -> dict | None:
+    """The recorded TPU run, or None where none has been recorded."""
+    path = pathlib.Path(path)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def changed_sources(record: dict, current: dict | None = None) -> list[str]:
+    """The kernel's source files that changed since the record was made (empty: current)."""
+    current = kernel_sweep.source_hashes() if current is None else current
+    return sorted(name for name, digest in current.items() if record["sources"].get(name) != digest)
+
+
+def _where(rows, **where) -> list[dict]:
+    return [r for r in rows if all(r[k] == v for k, v in where.items())]
+
+
+def fastest(rows, implementation: str, **where) -> dict | None:
+    """The fastest row of `implementation` that ran (over its block sizes) at `where`."""
+    ran = [r for r in _where(rows, implementation=implementation, **where) if not r["error"]]
+    return min(ran, key=lambda r: r["seconds"], default=None)
+
+
+def ceiling(rows, **where) -> float | None:
+    """The depth-H matmul's best rate (TFLOP/s) measured beside the configuration `where`."""
+    rates = [r["tflops"] for r in _where(rows, implementation="ceiling: depth H", **where)
+             if not r["error"]]  # fmt: skip
+    return max(rates, default=None)
+
+
+def configurations(rows) -> list[dict]:
+    """The configurations of the rows, forward first, then by H (128 first), T, causality."""
+    keys = {(r["mode"], -r["H"], r["T"], r["is_causal"]) for r in rows}
+    return [dict(mode=m, H=-h, T=t, is_causal=c) for m, h, t, c in sorted(keys)]
+
+
+def share(rows, implementation: str, **where) -> float | None:
+    """The fastest run's rate over the ceiling beside it."""
+    best, top = fastest(rows, implementation, **where), ceiling(rows, **where)
+    return best["tflops"] / top if best and top else None
+
+
+def _cell(rows, implementation: str, top: float | None, **where) -> str:
+    """Full attention: TFLOP/s and share of the ceiling; causal (its FLOPs are counted as
+    full attention's): milliseconds and the speed-up over full; then the blocks."""
+    best = fastest(rows, implementation, **where)
+    if best is None:
+        failed = _where(rows, implementation=implementation, **where)
+        return f"failed: {failed[0]['error'][:48]}" if failed else "—"
+    blocks = f", {best['block_q']}/{best['block_k']}" if best["block_q"] else ""
+    if where["is_causal"]:
+        full = fastest(rows, implementation, **{**where, "is_causal": False})
+        gain = f" (×{full['seconds'] / best['seconds']:.2f})" if full else ""
+        return f"{1e3 * best['seconds']:.2f} ms{gain}{blocks}"
+    of = f" ({best['tflops'] / top:.0%})" if top else ""
+    return f"{best['tflops']:.3g}{of}{blocks}"
+
+
+def summary_table(record: dict) -> str:
+    """Markdown: each configuration's ceiling and each implementation's fastest run (over
+    its block sizes): full attention in TFLOP/s and its share of the ceiling, causal in
+    milliseconds and its speed-up over full; then its blocks, Tb/Sb."""
+    rows, lines = record["rows"], []
+    for where in configurations(rows):
+        top = ceiling(rows, **where)
+        line = {"mode": where["mode"], "H": where["H"], "T": where["T"],
+                "causal": "causal" if where["is_causal"] else "full",
+                "ceiling": f"{top:.3g}" if top else "—"}  # fmt: skip
+        line.update({name: _cell(rows, name, top, **where) for name in SHOWN})
+        lines.append(line)
+    columns = {"mode": "mode", "H": "H", "T": "T = S", "causal": "mask",
+               "ceiling": "ceiling, depth H (TFLOP/s)"}  # fmt: skip
+    return markdown_table(lines, {**columns, **{name: name for name in SHOWN}})
+
+
+def sweep_table(record: dict, **where) -> str:
+    """Markdown: the block sizes tried at one configuration, each kernel's milliseconds."""
+    rows = _where(record["rows"], **where)
+    pairs = sorted({(r["block_q"], r["block_k"]) for r in rows if r["layout"] == "BNTH"})
+    lines = []
+    for Tb, Sb in pairs:
+        line = {"blocks": f"{Tb} / {Sb}"}
+        for name in ("pallas", *LIBRARIES):
+            found = _where(rows, implementation=name, block_q=Tb, block_k=Sb)
+            ok = [r for r in found if not r["error"]]
+            line[name] = f"{1e3 * ok[0]['seconds']:.2f}" if ok else "failed" if found else "—"
+        lines.append(line)
+    columns = {"blocks": "Tb / Sb", **{name: f"{name} (ms)" for name in ("pallas", *LIBRARIES)}}
+    return markdown_table(lines, columns)
+
+
+def causal_speedups(rows, mode: str = "forward") -> list[dict]:
+    """Per (H, T): full time / causal time of the kernel's fastest runs, and the ideal the
+    causal run's blocks predict (computed blocks, full over causal: 2n / (n + 1) at Tb = Sb)."""
+    found = []
+    for where in configurations(rows):
+        if where["mode"] != mode or where["is_causal"]:
+            continue
+        full = fastest(rows, "pallas", **where)
+        causal = fastest(rows, "pallas", **{**where, "is_causal": True})
+        if full is None or causal is None:
+            continue
+        blocks = pa.Blocks(causal["block_q"], causal["block_k"], True, True)
+        counts = pa.block_counts(where["T"], where["T"], blocks)
+        ideal = counts["steps"] / counts["computed"]
+        speedup = full["seconds"] / causal["seconds"]
+        found.append({"H": where["H"], "T": where["T"], "speedup": speedup, "ideal": ideal,
+                      "of_ideal": speedup / ideal})  # fmt: skip
+    return found
+
+
+def goal_values(record: dict | None) -> dict[str, float | None]:
+    """Each of chapter 17's goals (`pages.goals`, backend "tpu") as the record measured it;
+    None where the record lacks what it needs, or where there is no record."""
+    rows = record["rows"] if record else []
+    at = dict(T=8192, is_causal=False)
+    speedups = causal_speedups(rows)
+    over_library = []
+    for where in configurations(rows):
+        ours = fastest(rows, "pallas", **where)
+        library = [fastest(rows, name, **where) for name in LIBRARIES]
+        library = [r["seconds"] for r in library if r]
+        if where["T"] >= 2048 and ours and library:
+            over_library.append(min(library) / ours["seconds"])
+    of_ideal = [s["of_ideal"] for s in speedups if s["T"] >= 4096]
+    long = [s["speedup"] for s in speedups if s["T"] >= 8192]
+    return {
+        "pallas_forward_h128": share(rows, "pallas", mode="forward", H=128, **at),
+        "pallas_forward_h64": share(rows, "pallas", mode="forward", H=64, **at),
+        "pallas_causal_of_ideal": min(of_ideal, default=None),
+        "pallas_causal_speedup": min(long, default=None),
+        "pallas_forward_backward_h128": share(rows, "pallas", mode="forward+backward", H=128, **at),
+        "pallas_over_library": min(over_library, default=None),
+    }
+
+
+def goal_lines(values: dict[str, float | None], recorded: bool) -> str:
+    """Markdown: each goal as set, and the recorded run's verdict (met, or missed by how
+    much), or that no run has measured it."""
+    lines = []
+    for key, value in values.items():
+        g = goals.goal(key)
+        if not recorded or value is None:
+            result = "not measured yet: no TPU run has recorded it"
+        else:
+            result = goals.verdict(g, value, "tpu")
+        lines.append(f"- {g.what}: {g.stated}. Recorded: {result}.")
+    return "\n".join(lines)
+
+
+def above_ceiling(record: dict) -> list[str]:
+    """The runs of full attention whose rate exceeds the ceiling measured beside them by more
+    than CEILING_MARGIN: the ceiling was measured badly (a page checks there are none)."""
+    found = []
+    for where in configurations(record["rows"]):
+        if where["is_causal"]:  # counted as full attention's FLOPs: a nominal rate
+            continue
+        top = ceiling(record["rows"], **where)
+        for row in _where(record["rows"], **where):
+            if row["implementation"].startswith("ceiling") or row["error"] or not top:
+                continue
+            if row["tflops"] > top * (1 + CEILING_MARGIN):
+                found.append(
+                    f"{row['config']}, {row['implementation']}: {row['tflops']:.3g} > {top:.3g}"
+                )
+    return found
+
+
+def record_note(record: dict | None, current: dict | None = None) -> str:
+    """Markdown: where and when the TPU run was recorded and whether its kernel source is
+    today's; or, without a record, that none has been made and what the run will measure."""
+    if record is None:
+        return (
+            "**No TPU run has been recorded yet.** The device run (`python -m "
+            "jaxloops.measure.kernel_sweep results/tpu/kernels.json --budget 540`, on the "
+            "chip; `scripts/device_run.py` runs it as its `kernels` stage) will measure, at B 4, "
+            "N 8, bfloat16, H 128 and 64, T = S = 1024 to 16384, full and causal, forward and "
+            "forward + backward: this kernel over block sizes 128 to 1024, the book's "
+            "`blockwise_attention`, `jax.nn.dot_product_attention`, JAX's Pallas "
+            "`flash_attention` and splash attention, tuned over the same block sizes, and "
+            "beside them the depth-H matmul ceiling. Until then the goals below are unmeasured."
+        )
+    facts, changed = record["facts"], changed_sources(record, current)
+    configs = len(configurations(record["rows"]))
+    when = f"Recorded on {facts['device']} on {facts['date']} with JAX {facts['jax']}: "
+    when += f"{len(record['rows'])} rows, {configs} configurations."
+    if changed:
+        return when + (
+            f" **Stale:** the kernel's source changed since ({', '.join(changed)}); these "
+            "numbers are the earlier kernel's until the device run measures again."
+        )
+    return when + " The kernel's source is today's (SHA-256 of each file matches)."

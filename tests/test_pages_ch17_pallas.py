@@ -1,0 +1,139 @@
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxloops
+from conftest import normal
+from jaxloops import pallas_attention as pa
+from jaxloops.pages import ch17_pallas as page
+from jaxloops.pages import goals
+
+
+def test_vmem_rows_are_the_kernels_prediction_and_h64_pads_to_h128():
+    rows = page.vmem_rows((128, 1024), (64, 128), jnp.bfloat16, vmem_mib=128.0)
+    by = {(r["block"], r["H"]): r for r in rows}
+    assert by[128, 64]["total"] == by[128, 128]["total"] == 0.71875  # 736 KiB
+    assert by[1024, 128]["temporaries"] == 10.0  # two (1024, 1024) float32 tiles, one bfloat16
+    assert by[1024, 128]["share"] == f"{14.5 / 128:.1%}"
+    assert "| 1024 | 128 | 3 | 1.5 | 10 | 14.5 |" in page.vmem_table(rows)
+
+
+def test_count_rows_predict_two_n_over_n_plus_one():
+    rows = page.count_rows((1024, 4096), 512)
+    assert [(r["n"], r["computed"], r["masked"], r["full"]) for r in rows] == [
+        (2, 3, 2, 4), (8, 36, 8, 64)]  # fmt: skip
+    assert rows[1]["predicted"] == rows[1]["ideal"] == 16 / 9
+
+
+def test_agreement_rows_accept_rounding_and_reject_a_wrong_answer():
+    query, key, value = (normal((1, 128, 2, 64), s) for s in (1, 2, 3))
+    d_out = normal((1, 128, 2, 64), 4)
+    naive = functools.partial(jaxloops.attention, is_causal=True)
+    out = np.asarray(naive(query, key, value))
+    loss = lambda q, k, v: (naive(q, k, v) * d_out).sum()
+    grads = [np.asarray(g) for g in jax.grad(loss, (0, 1, 2))(query, key, value)]
+    rows = page.agreement_rows([out, *grads], [out, *grads], query, key, value, d_out,
+                               is_causal=True, interpret=True)  # fmt: skip
+    assert all(r["error"] == 0 and r["ratio"] == 0 and r["bound"] > 0 for r in rows)
+    shifted = np.roll(out, 1, axis=1)  # outputs one position late
+    rows = page.agreement_rows([shifted, *grads], [out, *grads], query, key, value, d_out,
+                               is_causal=True, interpret=True)  # fmt: skip
+    assert rows[0]["ratio"] > 1
+    with pytest.raises(ValueError, match="out: shapes differ"):
+        page.agreement_rows([out[:, 1:], *grads], [out, *grads], query, key, value, d_out,
+                            is_causal=True, interpret=True)  # fmt: skip
+
+
+def test_the_kernel_reads_k_heads_not_n():
+    query, key, value = (
+        normal((1, 128, 4, 64), 1),
+        normal((1, 128, 2, 64), 2),
+        normal((1, 128, 2, 64), 3),
+    )
+    kernel = functools.partial(pa.pallas_attention, interpret=True)
+    shapes = page.kernel_operand_shapes(kernel, query, key, value)
+    assert shapes == [[(1, 4, 128, 64), (1, 2, 128, 64), (1, 2, 128, 64)]]
+
+
+SOURCES = {"pallas_attention.py": "a", "pallas_kernels.py": "b"}
+
+
+def row(implementation, H, T, is_causal, mode, tflops, blocks=(512, 512), error=""):
+    flops = 4.0 * 4 * 8 * T * T * H * (3.5 if mode != "forward" else 1)
+    seconds = None if error else flops / tflops / 1e12
+    causal = "causal" if is_causal else "full"
+    return {"config": f"H {H}, T {T}, {causal}, {mode}", "implementation": implementation,
+            "layout": "" if "ceiling" in implementation else "BNTH", "block_q": blocks[0],
+            "block_k": blocks[1], "H": H, "T": T, "is_causal": is_causal, "mode": mode,
+            "error": error, "seconds": seconds, "tflops": None if error else tflops}  # fmt: skip
+
+
+def fake_record():
+    """Forward and forward+backward at H 128 and 64, T 2048 and 8192: the kernel at 140
+    TFLOP/s full (two block sizes), causal at 1.8 times the speed; libraries slower."""
+    rows = []
+    for mode in ("forward", "forward+backward"):
+        for H in (128, 64):
+            for T in (2048, 8192):
+                for causal in (False, True):
+                    gain = 1.8 if causal else 1.0  # causal's time is full's / 1.8
+                    rows += [
+                        row("ceiling: depth H", H, T, causal, mode, 160.0),
+                        row("pallas", H, T, causal, mode, 140.0 * gain, (1024, 512)),
+                        row("pallas", H, T, causal, mode, 100.0 * gain, (256, 256)),
+                        row("flash_attention", H, T, causal, mode, 120.0 * gain, (1024, 1024)),
+                        row("splash", H, T, causal, mode, 0, error="RuntimeError: no"),
+                    ]
+    return {"facts": {"device": "TPU v5 lite (TPU)", "date": "2026-12-07", "jax": "0.10.2"},
+            "sources": SOURCES, "rows": rows}  # fmt: skip
+
+
+def test_goal_values_from_a_recorded_run():
+    values = page.goal_values(fake_record())
+    assert values["pallas_forward_h128"] == pytest.approx(140 / 160)
+    assert values["pallas_forward_h64"] == pytest.approx(140 / 160)
+    assert values["pallas_forward_backward_h128"] == pytest.approx(140 / 160)
+    assert values["pallas_causal_speedup"] == pytest.approx(1.8)
+    # Causal's fastest blocks, (1024, 512), at T = 8192: query block i computes key blocks
+    # 0 .. 2i + 1, 72 of the 8 x 16; the ideal speed-up is 128 / 72, the goal's share 1.8 / it.
+    assert pa.block_counts(8192, 8192, pa.Blocks(1024, 512, True, True))["computed"] == 72
+    assert values["pallas_causal_of_ideal"] == pytest.approx(1.8 * 72 / 128)
+    assert values["pallas_over_library"] == pytest.approx(140 / 120)
+    lines = page.goal_lines(values, recorded=True)
+    assert "≥ 80 %. Recorded: met (87.5%)." in lines
+    assert "not measured yet" in page.goal_lines(values, recorded=False)
+    unrecorded = page.goal_values(None)
+    assert set(unrecorded) == set(values) and set(unrecorded.values()) == {None}
+    assert {g.key for g in goals.GOALS if g.chapter == 17} == set(values)
+
+
+def test_a_rate_above_its_ceiling_is_reported():
+    record = fake_record()
+    assert page.above_ceiling(record) == []
+    record["rows"].append(row("pallas", 128, 8192, False, "forward", 170.0, (128, 128)))
+    assert page.above_ceiling(record) == ["H 128, T 8192, full, forward, pallas: 170 > 160"]
+
+
+def test_the_tables_and_the_note_say_what_was_recorded():
+    record = fake_record()
+    summary = page.summary_table(record)
+    assert (
+        "| forward | 128 | 8192 | full | 160 | 140 (88%), 1024/512 | 120 (75%), 1024/1024 |"
+        in summary
+    )
+    # Causal: milliseconds and the speed-up over full (its FLOPs are counted as full's).
+    assert "| forward | 128 | 8192 | causal | 160 | 4.36 ms (×1.80), 1024/512 |" in summary
+    assert "failed: RuntimeError: no" in summary
+    sweep = page.sweep_table(record, mode="forward", H=128, T=8192, is_causal=False)
+    assert (
+        sweep.splitlines()[2].startswith("| 256 / 256 |") and "failed" not in sweep.splitlines()[2]
+    )
+    assert "Stale" not in page.record_note(record, current=SOURCES)
+    stale = page.record_note(record, current={**SOURCES, "pallas_kernels.py": "c"})
+    assert "**Stale:**" in stale and "pallas_kernels.py" in stale
+    assert page.record_note(None).startswith("**No TPU run has been recorded yet.**")
+    assert page.load_record("/nonexistent/kernels.json") is None
+    assert "interpreted" in page.backend_note("cpu") and "compiled" in page.backend_note("tpu")
