@@ -1,12 +1,17 @@
 """Remat policies, the scan over layers and the memory formula (jaxloops.memory)."""
 
+import contextlib
 import dataclasses
+import io
 import math
+import re
 
 import jax
 import numpy as np
 import pytest
+from jax.ad_checkpoint import print_saved_residuals
 
+import jaxloops
 import memory_model
 from conftest import SMALL_TRANSFORMER
 from jaxloops import memory
@@ -162,7 +167,9 @@ def test_step_bytes_counts_each_technique():
         memory.activation_bytes(c, B // 3, T)["total"],
     )
     assert memory.step_bytes(c, B, T, itemsize=2) == (state + 2 * P, full // 2)
-    assert memory.step_bytes(c, B, T, remat=True)[1] == memory.remat_activation_bytes(c, B, T)
+    assert memory.step_bytes(c, B, T, remat="nothing")[1] == memory.remat_activation_bytes(c, B, T)
+    names = memory.step_bytes(c, B, T, remat="names")[1]  # the residual stream too, per block
+    assert names == memory.remat_activation_bytes(c, B, T) + 4 * c.num_layers * B * T * c.model_dim
     with pytest.raises(ValueError, match="M = 4 micro-batches must be >= 1 and divide the batch 6"):
         memory.step_bytes(c, B, T, micro=4)
 
@@ -174,7 +181,9 @@ def test_largest_is_the_largest_multiple_that_fits():
     assert memory.largest(lambda n: n < 2**20, limit=100) == 100
 
 
-@pytest.mark.parametrize("technique", [{}, {"remat": True}, {"micro": 2}, {"itemsize": 2}])
+@pytest.mark.parametrize(
+    "technique", [{}, {"remat": "nothing"}, {"remat": "dots"}, {"micro": 2}, {"itemsize": 2}]
+)
 def test_the_biggest_model_fits_and_one_more_layer_or_example_does_not(technique):
     c, budget, margin = SMALL_TRANSFORMER, 2 * 10**6, 2.0
     got = memory.biggest_model(c, B, T, budget, margin=margin, **technique)
@@ -191,14 +200,32 @@ def test_the_biggest_model_fits_and_one_more_layer_or_example_does_not(technique
         memory.biggest_model(c, B, T, 1000, margin=0.5, **technique)
 
 
-def test_the_biggest_model_table_predicts_and_the_compiled_step_confirms():
-    rows = measured.biggest_model_table(SMALL_TRANSFORMER, 8, T, 3 * 10**6, 2.5, confirm=None)
-    by = {r["technique"]: r for r in rows}
-    assert set(by) == set(measured.TECHNIQUES)
-    assert by["remat (in a scan)"]["safe L"] > by["none"]["safe L"] >= 1
-    assert all(r["largest L"] >= r["safe L"] for r in rows)
-    c = dataclasses.replace(SMALL_TRANSFORMER, num_layers=by["none"]["safe L"])
+@pytest.mark.parametrize("policy", ["nothing", "names", "dots"])
+def test_kept_per_block_is_what_autodiff_saves_under_each_policy(policy):
+    # The reference: print_saved_residuals of one checkpointed block, its input x and what
+    # the policy saves inside it (the parameters, also arguments, left out).
+    c = SMALL_TRANSFORMER
+    params = jax.eval_shape(lambda k: jaxloops.init_transformer(k, c), jax.random.key(0))
+    x = jax.ShapeDtypeStruct((B, T, c.model_dim), np.float32)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_saved_residuals(
+            lambda p, x: memory.remat_block(policy)(p, x).sum(), params["block_0"], x
+        )
+    shapes = re.findall(r"^f32\[([\d,]*)\] (?!from the argument p\[)", printed.getvalue(), re.M)
+    saved = sum(math.prod(int(d) for d in shape.split(",")) for shape in shapes)
+    assert memory.kept_per_block(c, B, T, policy) == saved
+    with pytest.raises(
+        ValueError, match="counts remat policies nothing, names, dots; got 'everything'"
+    ):
+        memory.kept_per_block(c, B, T, "everything")
+
+
+def test_held_bytes_are_the_gradients_program_and_adams_moments():
+    c = SMALL_TRANSFORMER
+    m = measured.grad_program(c, 8, T)
     held = measured.held_bytes(c, 8, T, measured.TECHNIQUES["none"])
+    assert held == m.temp + m.argument + m.output + 2 * 4 * memory.parameter_count(c)
     assert 0 < held - measured.library_scratch_bytes() <= 3 * 10**6  # a GPU's cuBLAS workspace
 
 

@@ -3,6 +3,7 @@
 from conftest import SMALL_TRANSFORMER
 from jaxloops.memory import step_bytes
 from jaxloops.pages import ch14_memory as page
+from jaxloops.pages.common import MiB
 
 
 def test_each_remat_policy_is_one_point_named_in_the_legend(plt):
@@ -28,3 +29,73 @@ def test_fits_budget_is_the_formula_at_the_budget():
     halves = sum(step_bytes(config, 6, 5, micro=2))
     assert halves < need and page.fits_budget(config, 5, halves)(3, 2)
     assert not page.fits_budget(config, 5, halves)(6)
+
+
+def fit_row(name, L, B, problems=()):
+    """A row of `largest_fit_table`: (formula, compiled) answers for L and B."""
+    return {
+        "technique": name, "margin": 1.3,
+        "formula L": L[0], "compiled L": L[1], "held / budget at L": 0.9, "compiles for L": 2,
+        "formula B": B[0], "compiled B": B[1], "held / budget at B": 0.95, "compiles for B": 3,
+        "problems at L": list(problems), "problems at B": [],
+    }  # fmt: skip
+
+
+def test_the_fit_table_states_compiled_over_formula_and_counts_compiles():
+    rows = [fit_row("none", (4, 3), (10, 7)), fit_row("remat, dots saved", (0, 0), (5, 5))]
+    shown = page.fit_table(rows)
+    assert shown[0]["compiled / formula L"] == 0.75 and shown[0]["compiled / formula B"] == 0.7
+    assert shown[1]["compiled / formula L"] is None  # no formula answer: no ratio
+    assert shown[0]["compiles"] == 5 and shown[0]["held / budget at B"] == 0.95
+    assert page.ratio_range(shown, "L") == (0.75, 0.75)  # the row without a ratio left out
+    assert page.ratio_range(shown, "B") == (0.7, 1.0)
+
+
+def test_search_failures_name_each_search_that_failed_and_only_those():
+    rows = [fit_row("none", (4, 3), (10, 7)), fit_row("bf16", (7, 3), (20, 6), ["4 fits"])]
+    assert page.search_failures(rows) == {"bf16, L": ["4 fits"]}
+    assert page.search_failures(rows[:1]) == {}
+
+
+def test_fit_numbers_are_the_named_techniques_answers_and_the_searches():
+    rows = [
+        fit_row(name, (n + 5, n + 4), (n + 11, n + 7))
+        for n, name in enumerate(page.FIT_NAMES.values())
+    ]
+    rows[0]["compiles for B"] = 2  # this search's first prediction was right
+    numbers = page.fit_numbers(rows)
+    assert numbers["fit_none_L"] == 4 and numbers["fit_none_formula_B"] == 11
+    assert numbers["fit_nothing_L"] == 5 and numbers["fit_bf16_B"] == len(rows) - 1 + 7
+    assert numbers["searches"] == 2 * len(rows) and numbers["right_first"] == len(rows) + 1
+    assert numbers["probes"] == 5 * len(rows) - 1
+    assert numbers["fit_L_low"] == 4 / 5 and numbers["fit_B_high"] == (len(rows) + 6) / (
+        len(rows) + 10
+    )
+
+
+def test_the_run_sentence_says_what_the_device_reported():
+    run = {"before": None, "after": None}
+    assert "memory_stats() is None" in page.run_memory_sentence(run, 2**20)
+    before = {"bytes_in_use": 2 * MiB, "peak_bytes_in_use": 3 * MiB}
+    raised = {**run, "before": before, "after": {"peak_bytes_in_use": 12 * MiB}}
+    said = page.run_memory_sentence(raised, 16 * MiB)
+    assert (
+        "a peak of 12 MiB" in said and "0.75× the budget" in said and "2 MiB in use before" in said
+    )
+    assert said.endswith("the run set that peak.")
+    kept = {**run, "before": {**before, "peak_bytes_in_use": 14 * MiB},
+            "after": {"peak_bytes_in_use": 14 * MiB}}  # fmt: skip
+    assert page.run_memory_sentence(kept, 16 * MiB).endswith(
+        "the run did not raise the peak set earlier (14 MiB)."
+    )
+
+
+def test_run_numbers_are_the_runs_and_none_where_it_did_not_get_there():
+    row = fit_row("none", (4, 3), (10, 7))  # held 0.9 of the budget at the compiled L
+    run = {"loss": 5.0, "step_held": 9 * MiB, "before": None, "after": None}
+    numbers = page.run_numbers(run, row, 10 * MiB)
+    assert numbers["run_loss"] == 5.0 and numbers["run_held"] == 9.0
+    assert numbers["run_over_search"] == 1.0 and "memory_stats() is None" in numbers["run_memory"]
+    failed = page.run_numbers({**run, "loss": None, "step_held": None}, row, 10 * MiB)
+    assert failed["run_loss"] is None and failed["run_held"] is None
+    assert failed["run_over_search"] is None

@@ -81,3 +81,32 @@ def test_the_tpu_column_fits_the_chip():
     L, D, N, K, F, T, B = tpu.lm.speed
     params = L * (2 * D * D + 2 * D * D * K // N + 2 * D * F)  # q, o; k, v; the MLP
     assert 70e6 < params < 130e6  # about 100 M parameters (embeddings aside)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu", "tpu"])
+def test_the_biggest_model_search_unrolls_few_blocks(backend):
+    """Chapter 14's search over L compiles the unrolled step of each technique without remat
+    at the deepest L that fits, every block of it (on a TPU, seconds a probe at L 8); the
+    formula's answer bounds that L (the compiled one is smaller). And the chapter's own L
+    fits at that batch without remat, at a margin of 1.5 over the formula: the search's
+    first compile measures it there."""
+    from jaxloops import memory
+    from jaxloops.measure.step_memory import TECHNIQUES, formula_technique
+
+    sizes = jaxloops.experiment_sizes(backend)
+    part = sizes.memory
+    config = dataclasses.replace(
+        jaxloops.TransformerConfig.from_sizes(sizes.lm, jaxloops.text.VOCAB_SIZE),
+        num_layers=part.layers, max_len=part.seq_len,
+    )  # fmt: skip
+    for name, program in TECHNIQUES.items():
+        if not program.get("scanned"):
+            found = memory.biggest_model(
+                config, part.fit_batch, part.seq_len, part.budget_mib * 2**20,
+                **formula_technique(program),
+            )  # fmt: skip
+            assert 1 <= found["L"] <= 36, (name, found)
+    margin = memory.biggest_model(
+        config, part.fit_batch, part.seq_len, part.budget_mib * 2**20, margin=1.5
+    )
+    assert margin["L"] >= part.layers or backend == "cpu"  # a CPU compiles a step of any size

@@ -130,22 +130,38 @@ def activation_bytes(config: TransformerConfig, batch: int, length: int, itemsiz
     return {"per_layer": per_layer, "head": head, "total": config.num_layers * per_layer + head}
 
 
-def remat_activation_bytes(config: TransformerConfig, batch: int, length: int, itemsize=4):
-    """`activation_bytes` under remat with nothing saved per block: each block's input
-    (BTD, L of them) is kept, and one block's residuals are rebuilt at a time in the backward
-    pass, beside the head's."""
+def kept_per_block(config: TransformerConfig, batch: int, length: int, policy="nothing"):
+    """Elements a checkpointed block keeps for the backward pass under `policy`: its input x
+    (BTD); for "names" the residual stream MID too (BTD); for "dots" the matmul outputs the
+    backward pass reads: q, k, v (BT(N + 2K)H), the scores (BNTS with S = T), the mixed
+    values (BTNH), the output projection (BTD) and the MLP's first matmul (BTF), not its
+    second, whose output only the residual sum reads."""
+    B, T, D, F = batch, length, config.model_dim, config.hidden_dim
+    N, K, H = config.num_heads, config.num_kv_heads, config.head_dim
+    kept = {"nothing": B * T * D, "names": 2 * B * T * D}
+    kept["dots"] = 2 * B * T * D + B * T * (2 * N + 2 * K) * H + B * N * T * T + B * T * F
+    if policy not in kept:
+        raise ValueError(f"the formula counts remat policies {', '.join(kept)}; got {policy!r}")
+    return kept[policy]
+
+
+def remat_activation_bytes(config, batch: int, length: int, itemsize=4, policy="nothing"):
+    """`activation_bytes` under remat per block: what each of the L blocks keeps
+    (`kept_per_block`), and one block's residuals rebuilt at a time in the backward pass,
+    beside the head's."""
     full = activation_bytes(config, batch, length, itemsize)
-    inputs = config.num_layers * itemsize * batch * length * config.model_dim
-    return inputs + full["per_layer"] + full["head"]
+    kept = itemsize * kept_per_block(config, batch, length, policy)
+    return config.num_layers * kept + full["per_layer"] + full["head"]
 
 
-def step_bytes(config, batch: int, length: int, *, remat=False, micro=1, itemsize=4):
+def step_bytes(config, batch: int, length: int, *, remat=None, micro=1, itemsize=4):
     """What the formula says a train step holds, as (fixed bytes, residual bytes).
 
     Fixed: float32 parameters, gradients and AdamW's two moments; plus the float32 gradient
     sum when accumulating over `micro` > 1 micro-batches, and the 16-bit copy of the
     parameters when computing in `itemsize` < 4 bytes. Residuals: those of B / micro
-    examples, of `itemsize` bytes each, under remat with nothing saved per block or not.
+    examples, of `itemsize` bytes each, without remat (`remat=None`) or under remat per
+    block with the named policy ("nothing", "names" or "dots").
     """
     if micro < 1 or batch % micro:
         raise ValueError(f"M = {micro} micro-batches must be >= 1 and divide the batch {batch}")
@@ -153,8 +169,8 @@ def step_bytes(config, batch: int, length: int, *, remat=False, micro=1, itemsiz
     fixed = sum(state.values()) + (state["grads"] if micro > 1 else 0)
     fixed += itemsize * parameter_count(config) if itemsize < 4 else 0
     micro_batch = batch // micro
-    if remat:
-        return fixed, remat_activation_bytes(config, micro_batch, length, itemsize)
+    if remat is not None:
+        return fixed, remat_activation_bytes(config, micro_batch, length, itemsize, remat)
     return fixed, activation_bytes(config, micro_batch, length, itemsize)["total"]
 
 

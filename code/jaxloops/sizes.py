@@ -149,6 +149,7 @@ class MemorySizes:
     train_steps: int  # steps of the precision runs
     text_bytes: int  # standard-library text the training windows are cut from
     budget_mib: int  # the memory budget of the biggest-model table
+    fit_batch: int  # B at which that table searches for the largest L
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,6 +346,12 @@ _PARTS = dict(
         train_steps=By(30, 200),
         text_bytes=By(2**16, 2**20),
         budget_mib=By(16, 4096, 15 * 1024),  # TPU: the chip's 15.75 GiB, less headroom
+        # The search over L compiles the unrolled step (no technique; bfloat16) at the deepest L
+        # that fits: at the chip's B 32 the formula allows 80 and 150 blocks, each probe a long
+        # compile there; at B 160, 16 and 33, and the chapter's L 8 still fits without remat
+        # (the search's first compile) below a margin of about 1.9 over the formula. The GPU's
+        # 4 GiB at B 48 alike. Remat's scanned steps compile alike at any L.
+        fit_batch=By(8, 48, 160),
     ),
     streaming=_per_backend(
         StreamingSizes,

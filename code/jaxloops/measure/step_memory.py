@@ -22,7 +22,7 @@ from jax.ad_checkpoint import print_saved_residuals
 from jaxloops import memory
 from jaxloops.accumulate import accumulated_grads
 from jaxloops.data import Batch
-from jaxloops.measure.compiled import MiB, lowered_flops, scratch_bytes
+from jaxloops.measure.compiled import lowered_flops, scratch_bytes
 from jaxloops.measure.published import published_peaks
 from jaxloops.precision import compute_in
 from jaxloops.transformer import TransformerConfig, init_transformer
@@ -93,7 +93,12 @@ def grad_program(config, batch: int, length: int, *, scanned=False, policy=None,
     return _grad_program(config, batch, length, scanned, policy, whole, micro, dtype)
 
 
-@functools.lru_cache(maxsize=64)
+def compile_count() -> int:
+    """How many gradient programs `grad_program` has compiled in this process so far."""
+    return _grad_program.cache_info().misses
+
+
+@functools.lru_cache(maxsize=128)  # all of chapter 14's, its biggest-model search's among them
 def _grad_program(config, batch, length, scanned, policy, whole, micro, dtype) -> Measured:
     params, tokens = model_shapes(config, batch, length, scanned)
     loss = loss_of(scanned, policy, whole, dtype)
@@ -187,13 +192,16 @@ def growth(rows: list[dict], kind: str, key: str) -> float:
     return line[-1][key] / line[0][key]
 
 
-# The chapter's techniques, as `grad_program` builds them and as `memory.step_bytes` counts
-# them; M = 4 micro-batches where a technique accumulates.
+# The techniques of chapter 14's biggest-model table, as `grad_program` builds them and as
+# `memory.step_bytes` counts them: none, remat per block under each policy inside the scan
+# over layers (the form remat is used in), and bfloat16 compute. Each costs the table about
+# four compiles of its step (a second or two each on a CPU); accumulation, which
+# `grad_program(micro=M)` and `step_bytes(micro=M)` also build and count, is left out.
 TECHNIQUES = {
     "none": {},
-    "remat (in a scan)": {"scanned": True, "policy": "nothing"},
-    "accumulation, M = 4": {"micro": 4},
-    "remat and accumulation": {"scanned": True, "policy": "nothing", "micro": 4},
+    "remat, nothing saved": {"scanned": True, "policy": "nothing"},
+    "remat, names saved": {"scanned": True, "policy": "names"},
+    "remat, dots saved": {"scanned": True, "policy": "dots"},
     "bfloat16 compute": {"dtype": jnp.bfloat16},
 }
 
@@ -201,7 +209,7 @@ TECHNIQUES = {
 def formula_technique(program: dict) -> dict:
     """`memory.step_bytes`'s arguments for one of TECHNIQUES."""
     itemsize = 4 if program.get("dtype") is None else jnp.dtype(program["dtype"]).itemsize
-    return {"remat": "policy" in program, "micro": program.get("micro", 1), "itemsize": itemsize}
+    return {"remat": program.get("policy"), "micro": program.get("micro", 1), "itemsize": itemsize}
 
 
 def library_scratch_bytes() -> int:
@@ -214,38 +222,12 @@ def library_scratch_bytes() -> int:
 
 
 def held_bytes(config, batch: int, length: int, program: dict) -> int:
-    """Bytes the compiled step holds: the gradient program's scratch, arguments and outputs,
-    and AdamW's two float32 moments (which the gradient program does not see)."""
+    """Bytes the compiled step holds: the gradient program's scratch (residuals,
+    intermediates; the gradient sum under accumulation, the 16-bit parameters under mixed
+    precision), its arguments (parameters, tokens) and outputs (loss, gradients), and
+    AdamW's two float32 moments, which the gradient program does not see."""
     m = grad_program(config, batch, length, **program)
     return m.temp + m.argument + m.output + memory.state_bytes(config)["adam"]
-
-
-def biggest_model_table(config, batch, length, budget, margin, confirm="L") -> list[dict]:
-    """Per technique: the largest L and B the formula allows within `budget` bytes, exactly
-    and with the residuals times `margin`; then the bytes the compiled step holds at the
-    margin's L (`confirm="L"`), or at its B (`confirm="B"`), or nothing (None)."""
-    rows = []
-    for name, program in TECHNIQUES.items():
-        technique = formula_technique(program)
-        exact = memory.biggest_model(config, batch, length, budget, **technique)
-        safe = memory.biggest_model(config, batch, length, budget, margin=margin, **technique)
-        row = {
-            "technique": name,
-            "largest L": exact["L"],
-            "safe L": safe["L"],
-            "largest B": exact["B"],
-            "safe B": safe["B"],
-        }
-        held = None
-        if confirm == "L" and safe["L"]:
-            held = held_bytes(
-                dataclasses.replace(config, num_layers=safe["L"]), batch, length, program
-            )
-        if confirm == "B" and safe["B"]:
-            held = held_bytes(config, safe["B"], length, program)
-        row[f"compiled MiB at safe {confirm}"] = None if held is None else held / MiB
-        rows.append(row)
-    return rows
 
 
 def published_biggest_models(config, batch, length, fraction, margin, boards) -> list[dict]:

@@ -76,3 +76,103 @@ def fits_budget(config, length: int, budget: int):
         return sum(step_bytes(config, batch * micro, length, micro=micro)) <= budget
 
     return fits
+
+
+def fit_table(rows) -> list[dict]:
+    """The biggest-model rows (`measure.largest_fit.largest_fit_table`) as the page shows
+    them: per technique, the formula's and the compiled largest L and B, compiled over
+    formula (measured over predicted), the held bytes at each answer over the budget, and
+    the compiles the two searches made."""
+    shown = []
+    for r in rows:
+        row = {"technique": r["technique"]}
+        for axis in ("L", "B"):
+            formula, compiled = r[f"formula {axis}"], r[f"compiled {axis}"]
+            row[f"formula {axis}"] = formula
+            row[f"compiled {axis}"] = compiled
+            row[f"compiled / formula {axis}"] = compiled / formula if formula else None
+            row[f"held / budget at {axis}"] = r[f"held / budget at {axis}"]
+        row["compiles"] = r["compiles for L"] + r["compiles for B"]
+        shown.append(row)
+    return shown
+
+
+def search_failures(rows) -> dict:
+    """{"technique, axis": problems} for every search whose probes contradict its answer
+    (`largest_fit.search_problems`): empty when each answer fits and the next size does not."""
+    return {
+        f"{r['technique']}, {axis}": r[f"problems at {axis}"]
+        for r in rows
+        for axis in ("L", "B")
+        if r[f"problems at {axis}"]
+    }
+
+
+def ratio_range(rows, axis: str) -> tuple[float, float]:
+    """The least and the greatest compiled / formula answer along `axis` over the rows of
+    `fit_table` (rows whose formula answer is 0 left out)."""
+    ratios = [r[f"compiled / formula {axis}"] for r in rows if r[f"formula {axis}"]]
+    return min(ratios), max(ratios)
+
+
+def run_memory_sentence(run: dict, budget: int) -> str:
+    """What the device reported about the run of `largest_fit.run_train_step`, as a
+    sentence: its allocator's peak against the budget, or that the backend reports none."""
+    before, after = run["before"], run["after"]
+    if after is None or "peak_bytes_in_use" not in after:
+        return (
+            "This backend reports no allocator statistics (memory_stats() is None, as on a "
+            "CPU), so the run's peak cannot be shown: what is shown is that it completed."
+        )
+    peak, earlier = after["peak_bytes_in_use"], (before or {}).get("peak_bytes_in_use", 0)
+    in_use = (before or {}).get("bytes_in_use", 0)
+    said = (
+        f"The device's allocator reported a peak of {peak / MiB:,.0f} MiB in use after the "
+        f"run, {peak / budget:.2f}× the budget, with {in_use / MiB:,.0f} MiB in use before it"
+    )
+    if peak > earlier:
+        return said + ": the run set that peak."
+    return said + f": the run did not raise the peak set earlier ({earlier / MiB:,.0f} MiB)."
+
+
+# The techniques the prose names, by the short name of their glued numbers.
+FIT_NAMES = {
+    "none": "none",
+    "nothing": "remat, nothing saved",
+    "names": "remat, names saved",
+    "dots": "remat, dots saved",
+    "bf16": "bfloat16 compute",
+}
+
+
+def fit_numbers(rows) -> dict:
+    """The numbers the prose quotes from `largest_fit_table`'s rows: each named technique's
+    compiled and formula answers ("fit_none_L", "fit_none_formula_L", ...), the range of
+    compiled / formula per axis, and the searches: how many, their probes, and how many
+    settled in two (the first prediction right)."""
+    by = {r["technique"]: r for r in rows}
+    numbers = {}
+    for short, name in FIT_NAMES.items():
+        for axis in ("L", "B"):
+            numbers[f"fit_{short}_{axis}"] = by[name][f"compiled {axis}"]
+            numbers[f"fit_{short}_formula_{axis}"] = by[name][f"formula {axis}"]
+    shown = fit_table(rows)
+    for axis in ("L", "B"):
+        numbers[f"fit_{axis}_low"], numbers[f"fit_{axis}_high"] = ratio_range(shown, axis)
+    counts = [r[f"compiles for {axis}"] for r in rows for axis in ("L", "B")]
+    numbers.update(searches=len(counts), probes=sum(counts), right_first=counts.count(2))
+    return numbers
+
+
+def run_numbers(run: dict, row: dict, budget: int) -> dict:
+    """The numbers the prose quotes from a run of `largest_fit.run_train_step` at the L of
+    the table's `row`: its loss, its program's held MiB, those over the held bytes the search
+    counted at that L, and `run_memory_sentence` (None for what the run did not reach)."""
+    searched = row["held / budget at L"] and row["held / budget at L"] * budget
+    held = run["step_held"]
+    return {
+        "run_loss": run["loss"],
+        "run_held": held and held / MiB,
+        "run_over_search": held / searched if held and searched else None,
+        "run_memory": run_memory_sentence(run, budget),
+    }
