@@ -308,14 +308,10 @@ def record_note(record: dict | None, current: dict | None = None) -> str:
     today's; or, without a record, that none has been made and what the run will measure."""
     if record is None:
         return (
-            "**No TPU run has been recorded yet.** The device run (`python -m "
-            "jaxloops.measure.kernel_sweep results/tpu/kernels.json --budget 540`, on the "
-            "chip; `scripts/device_run.py` runs it as its `kernels` stage) will measure, at B 4, "
-            "N 8, bfloat16, H 128 and 64, T = S = 1024 to 16384, full and causal, forward and "
-            "forward + backward: this kernel over block sizes 128 to 1024, the book's "
-            "`blockwise_attention`, `jax.nn.dot_product_attention`, JAX's Pallas "
-            "`flash_attention` and splash attention, tuned over the same block sizes, and "
-            "beside them the depth-H matmul ceiling. Until then the goals below are unmeasured."
+            "**No TPU run has been recorded yet.** `scripts/device_run.py` runs the sweep above "
+            "on the chip as its `kernels` stage, resumably, over as many device commands as it "
+            "takes, and records its rows in `results/tpu/kernels.json`, which this page reads. "
+            "Until then the goals below are unmeasured."
         )
     facts, changed = record["facts"], changed_sources(record, current)
     configs = len(configurations(record["rows"]))
