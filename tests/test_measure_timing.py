@@ -184,6 +184,7 @@ def test_a_claim_of_faster_needs_the_wins_a_coin_reaches_less_than_once_in_100()
     slow = [2.0] * 15
     fast = [1.0] * 13 + [2.5, 3.0]  # two disturbed rounds lost
     assert measure.faster_rounds(fast, slow) == (13, 13)  # holds
+    assert measure.paired_wins(fast, slow) == 13 and measure.paired_wins(slow, fast) == 2
     # Known-wrong: a program that won 12 rounds of 15 is not shown faster, though its median
     # ratio (0.5) and most rounds say so; nor is one no faster at all.
     assert measure.faster_rounds([1.0] * 12 + [3.0] * 3, slow) == (12, 13)

@@ -26,7 +26,13 @@ from jaxloops.kvcache import decode_attention
 from jaxloops.measure.compiled import compiled_costs, compiled_fusions
 from jaxloops.measure.kernels import attention_fn, run_attention
 from jaxloops.measure.roofline import samples_beside_ceiling
-from jaxloops.measure.timing import calls_per_sample, interleaved_samples, paired_ratio, queued
+from jaxloops.measure.timing import (
+    calls_per_sample,
+    interleaved_samples,
+    paired_ratio,
+    paired_wins,
+    queued,
+)
 
 MATERIALISING = ("naive", "xla")  # implementations that build the (B, N, T, S) scores
 
@@ -377,7 +383,7 @@ def causal_sweep(key: jax.Array, lengths, implementations, *, dtype, **shape) ->
                 "speedup_low": min(ratios) if ratios else None,
                 "speedup_high": max(ratios) if ratios else None,
                 # The book's rule for "causal is faster" (`faster_rounds`): wins of rounds.
-                "causal_wins": sum(r > 1 for r in ratios) if ratios else None,
+                "causal_wins": paired_wins(causal["samples"], full["samples"]) if ratios else None,
                 "rounds": len(ratios),
                 "full_flops": full["flops"],
                 "causal_flops": causal["flops"],

@@ -307,14 +307,20 @@ def rounds_needed(rounds: int, level: float = CLAIM_LEVEL) -> int:
     raise ValueError(f"rounds must be at least 1: {rounds}")
 
 
-def faster_rounds(fast: list[float], slow: list[float]) -> tuple[int, int]:
-    """(the rounds in which `fast` took less time than `slow`, the rounds needed for the claim
-    that it is faster: `rounds_needed`), from two runs' lists of `interleaved_samples`."""
+def paired_wins(fast: list[float], slow: list[float]) -> int:
+    """The rounds in which `fast` took less time than `slow` (two runs' lists of
+    `interleaved_samples`)."""
     if len(fast) != len(slow) or not fast:
         raise ValueError(
             f"paired samples need the same length, at least 1: {len(fast)}, {len(slow)}"
         )
-    return sum(x < y for x, y in zip(fast, slow)), rounds_needed(len(fast))
+    return sum(x < y for x, y in zip(fast, slow))
+
+
+def faster_rounds(fast: list[float], slow: list[float]) -> tuple[int, int]:
+    """(the rounds `fast` won, `paired_wins`, and the rounds needed for the claim that it is
+    faster, `rounds_needed`)."""
+    return paired_wins(fast, slow), rounds_needed(len(fast))
 
 
 def interleaved_seconds(runs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
