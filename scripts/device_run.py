@@ -263,11 +263,13 @@ def execute(out: pathlib.Path, paths: list[str], limit: float) -> None:
 
 def kernels(out: pathlib.Path, seconds: float, backend: str) -> dict:
     """Chapter 17's sweep, resumed from the recorded rows (the sweep re-runs a row whose
-    kernel source changed), in a child process that holds the device."""
+    kernel source changed), in a child process that holds the device; its tiny `--quick`
+    sizes, interpreted, anywhere but on a TPU (the CPU rehearsal)."""
     rows, recorded = out / "kernels.json", ROOT / "results" / backend / "kernels.json"
     if recorded.is_file() and not rows.is_file():
         shutil.copy(recorded, rows)
     command = [sys.executable, "-m", "jaxloops.measure.kernel_sweep", str(rows)]
+    command += [] if backend == "tpu" else ["--quick"]  # the kernels are for a TPU
     code = logged([*command, "--budget", f"{seconds - 20:.0f}"], out / "kernels.log", seconds)
     status = "ok" if code == 0 else "timed out" if code is None else f"exit {code}"
     return {"status": status, "detail": f"rows in {rows.name}"}

@@ -162,6 +162,8 @@ def test_the_kernel_sweep_resumes_from_the_recorded_rows_and_is_recorded_back(tr
         "280",
     ]
     assert result["status"] == "timed out"  # the stub returned None, as a killed child does
+    device_run.kernels(out, 300, "cpu")  # anywhere else: the tiny sizes, interpreted
+    assert "--quick" in calls[1] and "--quick" not in calls[0]
     (out / "kernels.json").write_text('{"rows": ["done before", "done now"]}')
     (out / "run.json").write_text(json.dumps({"device": "TPU v5 lite", "backend": "tpu",
                                               "jax": "0.10.2", "date": "2026-12-07",
