@@ -184,7 +184,7 @@ def run_train_step(config, data: Batch, program: dict, key) -> dict:
     step = make_train_step(loss, optimizer)
     if micro > 1:
         step = make_accumulating_step(loss, optimizer, micro)
-    device = jax.devices()[0]
+    device = next(iter(jax.tree.leaves(data)[0].sharding.device_set))  # where the step runs
     before = device.memory_stats()
     params = init_transformer(key, config)
     params = jax.jit(memory.stack_blocks)(params) if scanned else params
