@@ -244,8 +244,8 @@ def allocator_findings(faults: float, temp_bytes: int, runs: dict):
     claimed: from 0.80 to 0.95 of the default's in the runs measured, too close to their
     spread); with memory kept fewer faults (usually none; builds read 1,723 of 16,048 once
     and, in a CI run, 6,444 of 16,001), a step at least 5 % faster (0.65 to 0.74 of the
-    default's), and the gradient fewer forward passes than with glibc's defaults (0.59 to
-    0.86 times as many in builds).
+    default's). The gradient's forward passes with memory kept are reported, not claimed:
+    0.59 to 0.86 times the default's in builds, then 1.06 in a CI build (2.98 against 2.80).
     """
     small, huge, kept = (runs[name] for name in ALLOCATORS)
     pages = temp_bytes / 4096
@@ -262,7 +262,6 @@ def allocator_findings(faults: float, temp_bytes: int, runs: dict):
             kept["faults"] < small["faults"]
         ),
         f"a step 5 % faster kept: {s:.4f} s -> {k:.4f} s": k < 0.95 * s,
-        f"gradient / forward lower kept: {ratio}": ratio["memory kept"] < ratio["4 KiB pages"],
     }
     paragraph = (
         "In the median fresh process of each kind, with 4 KiB pages the step faulted "
@@ -276,8 +275,9 @@ def allocator_findings(faults: float, temp_bytes: int, runs: dict):
         f"{ratio['memory kept']:.2f} with memory kept. The page asserts a measured/predicted "
         "fault count between 0.5 and 2; with huge pages, the tenfold drop in faults, and not "
         "the step's time, whose change is too small against the spread of fresh processes "
-        "of one kind to claim; with memory kept, fewer faults, a step at least 5 % faster and "
-        "a gradient of fewer forward passes."
+        "of one kind to claim; with memory kept, fewer faults and a step at least 5 % faster. "
+        "The gradient's forward passes it reports, and claims nothing of: fresh processes of "
+        "one kind spread too far in them."
     )
     return [claim for claim, holds in claims.items() if not holds], paragraph
 
