@@ -9,6 +9,7 @@ from jaxloops.measure.compiled import SHAPE, dtype_bytes
 from jaxloops.measure.roofline import CEILING_MARGIN
 from jaxloops.measure.timing import paired_ratio
 from jaxloops.pages.common import MiB
+from jaxloops.pages.common import failed as failed  # page.failed: the claims that do not hold
 from jaxloops.pages.render import subplots
 
 # The page's claims hold on every backend (issue 41): where a figure differs between
@@ -50,11 +51,6 @@ def growth_figures(rows: dict, lengths, batch: int, heads: int) -> dict:
         "scores_mib": float(scores / MiB),
         "naive_scores_copies": float(mem["naive", last] / scores),
     }
-
-
-def failed(claims: dict) -> list[str]:
-    """The claims (sentence -> holds) that do not hold."""
-    return [claim for claim, holds in claims.items() if not holds]
 
 
 def scratch_claims(growth: dict) -> dict:

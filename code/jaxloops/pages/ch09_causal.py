@@ -3,6 +3,7 @@ control's (book/09_causal.md)."""
 
 from jaxloops.measure.throughput import TWO_FREE_CORES
 from jaxloops.measure.timing import rounds_needed
+from jaxloops.pages.common import failed
 
 # Chapter 9's claim, checked on every build and backend by the book's one rule for "faster"
 # (`measure.faster_rounds`: the faster call wins at least the rounds a fair coin reaches less
@@ -72,4 +73,4 @@ def unroll_findings(ratio: dict[str, float], cores: float, cpu_count: int, backe
         else "; the page checks the direction only on the 2-core CPU the defaults were tuned "
         f"on, with both cores free, and {_off_the_tuned_machine(cores, cpu_count, backend)}"
     )
-    return [claim for claim, holds in claims.items() if not holds], clause
+    return failed(claims), clause

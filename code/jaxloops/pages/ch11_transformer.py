@@ -10,6 +10,7 @@ import numpy as np
 from jaxloops.measure.roofline import CEILING_MARGIN
 from jaxloops.measure.step_speed import ALLOCATORS
 from jaxloops.pages import goals
+from jaxloops.pages.common import failed
 from jaxloops.pages.render import subplots
 
 
@@ -279,7 +280,7 @@ def allocator_findings(faults: float, temp_bytes: int, runs: dict):
         "The gradient's forward passes it reports, and claims nothing of: fresh processes of "
         "one kind spread too far in them."
     )
-    return [claim for claim, holds in claims.items() if not holds], paragraph
+    return failed(claims), paragraph
 
 
 def goal_findings(goal: dict, where: str, backend: str):
@@ -304,4 +305,4 @@ def goal_findings(goal: dict, where: str, backend: str):
             ("Gradient over forward", "gradient_over_forward", ratio),
         )
     )
-    return [claim for claim, holds in claims.items() if not holds], f"{measured} {stated}"
+    return failed(claims), f"{measured} {stated}"

@@ -47,3 +47,9 @@ def glue_all(prefix: str = "", **values) -> None:
 
     for name, value in values.items():
         glue(f"{prefix}{name}", value, display=False)
+
+
+def failed(claims: dict) -> list[str]:
+    """The claims (sentence -> whether it holds) that do not hold: what a page's findings
+    return, and what its `check` reports."""
+    return [claim for claim, holds in claims.items() if not holds]
