@@ -73,7 +73,10 @@ def row(implementation, H, T, is_causal, mode, tflops, blocks=(512, 512), error=
 
 def fake_record():
     """Forward and forward+backward at H 128 and 64, T 2048 and 8192: the kernel at 140
-    TFLOP/s full (two block sizes), causal at 1.8 times the speed; libraries slower."""
+    TFLOP/s full (two block sizes), causal at 1.8 times the speed; libraries slower. The
+    matmul H deep at 120 and the square one at 240: attention's ceiling, forward (half of its
+    products H deep), 1 / (0.5 / 120 + 0.5 / 240) = 160; forward + backward (3 of 7 H deep),
+    1 / (3/7 / 120 + 4/7 / 240) = 168."""
     rows = []
     for mode in ("forward", "forward+backward"):
         for H in (128, 64):
@@ -81,7 +84,9 @@ def fake_record():
                 for causal in (False, True):
                     gain = 1.8 if causal else 1.0  # causal's time is full's / 1.8
                     rows += [
-                        row("ceiling: depth H", H, T, causal, mode, 160.0),
+                        row("ceiling: depth H", H, T, causal, mode, 120.0),
+                        row("ceiling: depth H", H, T, causal, mode, 100.0, (256, 256)),
+                        row("ceiling: square", H, T, causal, mode, 240.0, (8192, 8192)),
                         row("pallas", H, T, causal, mode, 140.0 * gain, (1024, 512)),
                         row("pallas", H, T, causal, mode, 100.0 * gain, (256, 256)),
                         row("flash_attention", H, T, causal, mode, 120.0 * gain, (1024, 1024)),
@@ -95,7 +100,7 @@ def test_goal_values_from_a_recorded_run():
     values = page.goal_values(fake_record())
     assert values["pallas_forward_h128"] == pytest.approx(140 / 160)
     assert values["pallas_forward_h64"] == pytest.approx(140 / 160)
-    assert values["pallas_forward_backward_h128"] == pytest.approx(140 / 160)
+    assert values["pallas_forward_backward_h128"] == pytest.approx(140 / 168)
     assert values["pallas_causal_speedup"] == pytest.approx(1.8)
     # Causal's fastest blocks, (1024, 512), at T = 8192: query block i computes key blocks
     # 0 .. 2i + 1, 72 of the 8 x 16; the ideal speed-up is 128 / 72, the goal's share 1.8 / it.
@@ -110,22 +115,38 @@ def test_goal_values_from_a_recorded_run():
     assert {g.key for g in goals.GOALS if g.chapter == 17} == set(values)
 
 
+def test_attentions_ceiling_sums_the_time_of_its_shallow_and_deep_products():
+    rows = fake_record()["rows"]
+    assert page.ceiling(rows, mode="forward", H=128, T=8192, is_causal=False) == pytest.approx(160)
+    where = dict(mode="forward+backward", H=64, T=2048, is_causal=True)
+    assert page.ceiling(rows, **where) == pytest.approx(168)
+    assert page.ceiling([r for r in rows if r["implementation"] != "ceiling: square"],
+                        **where) is None  # fmt: skip
+    # The depth-H matmul alone is below the kernel: not a ceiling for attention.
+    assert page.depth_shares(rows) == pytest.approx([140 / 120] * 8)
+
+
 def test_a_rate_above_its_ceiling_is_reported():
     record = fake_record()
     assert page.above_ceiling(record) == []
     record["rows"].append(row("pallas", 128, 8192, False, "forward", 170.0, (128, 128)))
     assert page.above_ceiling(record) == ["H 128, T 8192, full, forward, pallas: 170 > 160"]
+    # The depth-H matmul taken for the ceiling: the kernel's fastest run exceeds it, in all 8
+    # configurations of full attention.
+    above = page.above_ceiling(fake_record(), of=page.depth_only)
+    assert "H 128, T 8192, full, forward, pallas: 140 > 120" in above and len(above) == 8
 
 
 def test_the_tables_and_the_note_say_what_was_recorded():
     record = fake_record()
     summary = page.summary_table(record)
     assert (
-        "| forward | 128 | 8192 | full | 160 | 140 (88%), 1024/512 | 120 (75%), 1024/1024 |"
-        in summary
+        "| forward | 128 | 8192 | full | 120 | 240 | 160 | 140 (88%), 1024/512 | 120 (75%), "
+        "1024/1024 |" in summary
     )
     # Causal: milliseconds and the speed-up over full (its FLOPs are counted as full's).
-    assert "| forward | 128 | 8192 | causal | 160 | 4.36 ms (×1.80), 1024/512 |" in summary
+    causal = "| forward | 128 | 8192 | causal | 120 | 240 | 160 | 4.36 ms (×1.80), 1024/512 |"
+    assert causal in summary
     assert "failed: RuntimeError: no" in summary
     sweep = page.sweep_table(record, mode="forward", H=128, T=8192, is_causal=False)
     assert (
@@ -137,3 +158,24 @@ def test_the_tables_and_the_note_say_what_was_recorded():
     assert page.record_note(None).startswith("**No TPU run has been recorded yet.**")
     assert page.load_record("/nonexistent/kernels.json") is None
     assert "interpreted" in page.backend_note("cpu") and "compiled" in page.backend_note("tpu")
+
+
+def test_the_findings_state_the_prediction_and_what_missed_it():
+    f = page.findings(fake_record())
+    assert (f["depth_above"], f["full_configs"]) == (8, 8)
+    assert f["h128_ceiling"] == pytest.approx(160) and f["h128_of"] == pytest.approx(87.5)
+    assert f["blocks_8192"] == "1024/512" and f["n_8192"] == 16
+    assert f["ideal_8192"] == pytest.approx(128 / 72)
+    assert f["library_wins"] == 0 and "library_worst" not in f
+    text = page.findings_markdown(fake_record())
+    assert "predict 160.0. The kernel ran at 140.0, 88 % of the prediction." in text
+    assert "below the goal's 1.8" in text and "The libraries" not in text
+    # A record where splash is faster, causal only: the page says so, and by how much.
+    record = fake_record()
+    record["rows"] = [r for r in record["rows"] if r["implementation"] != "splash"]
+    record["rows"].append(row("splash", 128, 8192, True, "forward", 140.0 * 1.8 * 1.05))
+    f = page.findings(record)
+    assert f["library_wins"] == 1 and f["library_causal"] == 1
+    assert f["library_worst"] == pytest.approx(5.0)
+    assert "faster in 1 of 16 configurations, 1 of them causal" in page.findings_markdown(record)
+    assert page.findings_markdown(None).startswith("*No TPU run recorded")

@@ -158,11 +158,28 @@ def fastest(rows, implementation: str, **where) -> dict | None:
     return min(ran, key=lambda r: r["seconds"], default=None)
 
 
-def ceiling(rows, **where) -> float | None:
-    """The depth-H matmul's best rate (TFLOP/s) measured beside the configuration `where`."""
-    rates = [r["tflops"] for r in _where(rows, implementation="ceiling: depth H", **where)
-             if not r["error"]]  # fmt: skip
+# Of the issue's FLOPs, the share in products H deep: forward, QK^T of QK^T and PV; forward +
+# backward (7 products), QK^T twice and dO V^T H deep, PV, dV, dQ and dK Tb or Sb deep.
+SHALLOW = {"forward": 1 / 2, "forward+backward": 3 / 7}
+
+
+def instrument(rows, name: str, **where) -> float | None:
+    """The best rate (TFLOP/s) of the instrument `name` ("ceiling: depth H" over its tiles,
+    or "ceiling: square") measured beside the configuration `where`."""
+    rates = [r["tflops"] for r in _where(rows, implementation=name, **where) if not r["error"]]
     return max(rates, default=None)
+
+
+def ceiling(rows, **where) -> float | None:
+    """Attention's matmul ceiling (TFLOP/s) beside the configuration `where`: its products H
+    deep (a share SHALLOW of its FLOPs) at the depth-H matmul's rate, the rest, Tb or Sb deep,
+    at the square matmul's; the time of each summed. None without both instruments."""
+    depth = instrument(rows, "ceiling: depth H", **where)
+    square = instrument(rows, "ceiling: square", **where)
+    if not depth or not square:
+        return None
+    shallow = SHALLOW[where["mode"]]
+    return 1 / (shallow / depth + (1 - shallow) / square)
 
 
 def configurations(rows) -> list[dict]:
@@ -194,19 +211,26 @@ def _cell(rows, implementation: str, top: float | None, **where) -> str:
 
 
 def summary_table(record: dict) -> str:
-    """Markdown: each configuration's ceiling and each implementation's fastest run (over
-    its block sizes): full attention in TFLOP/s and its share of the ceiling, causal in
-    milliseconds and its speed-up over full; then its blocks, Tb/Sb."""
+    """Markdown: each configuration's instruments and attention's ceiling from them (TFLOP/s),
+    and each implementation's fastest run (over its block sizes): full attention in TFLOP/s
+    and its share of the ceiling, causal in milliseconds and its speed-up over full; then its
+    blocks, Tb/Sb."""
     rows, lines = record["rows"], []
     for where in configurations(rows):
         top = ceiling(rows, **where)
+        rates = {
+            key: instrument(rows, name, **where)
+            for key, name in (("depth", "ceiling: depth H"), ("square", "ceiling: square"))
+        }
         line = {"mode": where["mode"], "H": where["H"], "T": where["T"],
                 "causal": "causal" if where["is_causal"] else "full",
+                **{key: f"{rate:.3g}" if rate else "—" for key, rate in rates.items()},
                 "ceiling": f"{top:.3g}" if top else "—"}  # fmt: skip
         line.update({name: _cell(rows, name, top, **where) for name in SHOWN})
         lines.append(line)
     columns = {"mode": "mode", "H": "H", "T": "T = S", "causal": "mask",
-               "ceiling": "ceiling, depth H (TFLOP/s)"}  # fmt: skip
+               "depth": "matmul H deep", "square": "square matmul",
+               "ceiling": "attention's ceiling"}  # fmt: skip
     return markdown_table(lines, {**columns, **{name: name for name in SHOWN}})
 
 
@@ -242,7 +266,22 @@ def causal_speedups(rows, mode: str = "forward") -> list[dict]:
         ideal = counts["steps"] / counts["computed"]
         speedup = full["seconds"] / causal["seconds"]
         found.append({"H": where["H"], "T": where["T"], "speedup": speedup, "ideal": ideal,
-                      "of_ideal": speedup / ideal})  # fmt: skip
+                      "of_ideal": speedup / ideal, "blocks": (causal["block_q"], causal["block_k"]),
+                      "n": where["T"] // causal["block_k"]})  # fmt: skip
+    return found
+
+
+def library_margins(rows) -> list[dict]:
+    """Per configuration: the best tuned library kernel's time over the Pallas kernel's
+    (`ratio`, below 1: the library is faster) and which library that is."""
+    found = []
+    for where in configurations(rows):
+        ours = fastest(rows, "pallas", **where)
+        library = [r for r in (fastest(rows, name, **where) for name in LIBRARIES) if r]
+        if ours and library:
+            best = min(library, key=lambda r: r["seconds"])
+            found.append({**where, "library": best["implementation"],
+                          "ratio": best["seconds"] / ours["seconds"]})  # fmt: skip
     return found
 
 
@@ -252,13 +291,7 @@ def goal_values(record: dict | None) -> dict[str, float | None]:
     rows = record["rows"] if record else []
     at = dict(T=8192, is_causal=False)
     speedups = causal_speedups(rows)
-    over_library = []
-    for where in configurations(rows):
-        ours = fastest(rows, "pallas", **where)
-        library = [fastest(rows, name, **where) for name in LIBRARIES]
-        library = [r["seconds"] for r in library if r]
-        if where["T"] >= 2048 and ours and library:
-            over_library.append(min(library) / ours["seconds"])
+    over_library = [m["ratio"] for m in library_margins(rows) if m["T"] >= 2048]
     of_ideal = [s["of_ideal"] for s in speedups if s["T"] >= 4096]
     long = [s["speedup"] for s in speedups if s["T"] >= 8192]
     return {
@@ -285,14 +318,20 @@ def goal_lines(values: dict[str, float | None], recorded: bool) -> str:
     return "\n".join(lines)
 
 
-def above_ceiling(record: dict) -> list[str]:
-    """The runs of full attention whose rate exceeds the ceiling measured beside them by more
-    than CEILING_MARGIN: the ceiling was measured badly (a page checks there are none)."""
+def depth_only(rows, **where) -> float | None:
+    """The depth-H matmul's rate alone, as if it were attention's ceiling (it is not)."""
+    return instrument(rows, "ceiling: depth H", **where)
+
+
+def above_ceiling(record: dict, of=ceiling) -> list[str]:
+    """The runs of full attention whose rate exceeds the ceiling `of` measured beside them by
+    more than CEILING_MARGIN: that ceiling is measured badly or is not one (a page checks
+    there are none above `ceiling`)."""
     found = []
     for where in configurations(record["rows"]):
         if where["is_causal"]:  # counted as full attention's FLOPs: a nominal rate
             continue
-        top = ceiling(record["rows"], **where)
+        top = of(record["rows"], **where)
         for row in _where(record["rows"], **where):
             if row["implementation"].startswith("ceiling") or row["error"] or not top:
                 continue
@@ -300,6 +339,17 @@ def above_ceiling(record: dict) -> list[str]:
                 found.append(
                     f"{row['config']}, {row['implementation']}: {row['tflops']:.3g} > {top:.3g}"
                 )
+    return found
+
+
+def depth_shares(rows, implementation: str = "pallas") -> list[float]:
+    """The fastest full-attention runs' rates over the depth-H matmul's alone, one per
+    configuration that has both."""
+    found = []
+    for where in configurations(rows):
+        best, depth = fastest(rows, implementation, **where), depth_only(rows, **where)
+        if not where["is_causal"] and best and depth:
+            found.append(best["tflops"] / depth)
     return found
 
 
@@ -323,3 +373,96 @@ def record_note(record: dict | None, current: dict | None = None) -> str:
             "numbers are the earlier kernel's until the device run measures again."
         )
     return when + " The kernel's source is today's (SHA-256 of each file matches)."
+
+
+def findings(record: dict) -> dict[str, float | str]:
+    """The recorded run's figures the page's prose states: the depth-H matmul against the
+    kernel, attention's ceiling at T = 8192 against the kernel, the causal ideal at the
+    fastest causal blocks, and where a library kernel was faster."""
+    rows = record["rows"]
+    at = dict(mode="forward", T=8192, is_causal=False)
+    out: dict[str, float | str] = {}
+    shares = depth_shares(rows)
+    full = [w for w in configurations(rows) if not w["is_causal"]]
+    out |= {"depth_max": 100 * max(shares, default=0.0), "full_configs": len(full),
+            "depth_above": sum(s > 1 + CEILING_MARGIN for s in shares)}  # fmt: skip
+    for H in (128, 64):
+        best, top = fastest(rows, "pallas", H=H, **at), ceiling(rows, H=H, **at)
+        depth, square = (instrument(rows, name, H=H, **at)
+                         for name in ("ceiling: depth H", "ceiling: square"))  # fmt: skip
+        if best and top:
+            figures = {"depth": depth, "square": square, "ceiling": top,
+                       "kernel": best["tflops"], "of": 100 * best["tflops"] / top}  # fmt: skip
+            out |= {f"h{H}_{key}": value for key, value in figures.items()}
+    speedups = [s for s in causal_speedups(rows) if s["H"] == 128]
+    for s in speedups:
+        figures = {"causal": s["speedup"], "ideal": s["ideal"], "n": s["n"],
+                   "blocks": "/".join(map(str, s["blocks"]))}  # fmt: skip
+        out |= {f"{key}_{s['T']}": value for key, value in figures.items()}
+    slower = [m for m in library_margins(rows) if m["ratio"] < 1]
+    out["library_wins"] = len(slower)
+    out["library_configs"] = len(library_margins(rows))
+    out["library_causal"] = sum(m["is_causal"] for m in slower)
+    if slower:
+        worst = min(slower, key=lambda m: m["ratio"])
+        out["library_worst"] = 100 * (1 / worst["ratio"] - 1)
+        out["library_worst_at"] = (
+            f"{worst['mode']}, {'causal' if worst['is_causal'] else 'full'}, H {worst['H']}, "
+            f"T = {worst['T']}, {worst['library']}"
+        )
+    return out
+
+
+def findings_markdown(record: dict | None) -> str:
+    """Markdown: what the recorded run says about the ceiling, causal skipping and the
+    libraries, its figures from `findings`."""
+    if record is None:
+        return "*No TPU run recorded: nothing measured yet.*"
+    f = findings(record)
+    lines = [
+        f"- **The matmul H deep alone is not attention's ceiling.** The kernel's fastest full "
+        f"run exceeded it in {f['depth_above']} of {f['full_configs']} configurations by more "
+        f"than {CEILING_MARGIN:.0%}, at most at {f['depth_max']:.0f} % of it.",
+    ]
+    for H in (128, 64):
+        if f"h{H}_ceiling" in f:
+            lines.append(
+                f"- **T = 8192, H {H}, forward, predicted then measured.** The matmul {H} deep "
+                f"ran at {f[f'h{H}_depth']:.1f} TFLOP/s and the square one at "
+                f"{f[f'h{H}_square']:.1f}; half of the FLOPs at each rate predict "
+                f"{f[f'h{H}_ceiling']:.1f}. The kernel ran at {f[f'h{H}_kernel']:.1f}, "
+                f"{f[f'h{H}_of']:.0f} % of the prediction."
+            )
+    if "h64_ceiling" in f:  # PV's output 64 wide: half the MXU's columns, if it runs as QK^T
+        half = 1 / (0.5 / f["h64_depth"] + 0.5 / (f["h64_square"] / 2))
+        lines.append(
+            f"- **Why H 64 falls short of it.** PV's output is 64 wide and fills half of the "
+            f"MXU's columns, which the square matmul does not measure. If PV ran at half the "
+            f"square matmul's rate, the prediction would be {half:.1f} TFLOP/s and the kernel "
+            f"{100 * f['h64_kernel'] / half:.0f} % of it: a hypothesis until a matmul 64 wide "
+            "is measured beside it."
+        )
+    lengths = sorted(int(k.split("_")[1]) for k in f if k.startswith("causal_"))
+    if 8192 in lengths:
+        said = lambda key: ", ".join(f"{f[f'{key}_{T}']:.2f}" for T in lengths)  # noqa: E731
+        lines.append(
+            f"- **Causal, H 128, forward.** Full time over causal time was {said('causal')} at "
+            f"T = {', '.join(map(str, lengths))}, against the {said('ideal')} that the fastest "
+            f"causal run's blocks predict. At T = 8192 its blocks were {f['blocks_8192']}: n is "
+            f"{f['n_8192']} and 2n/(n + 1) is {f['ideal_8192']:.2f}"
+            + (", below the goal's 1.8 before any cost is paid" if f["ideal_8192"] < 1.8 else "")
+            + ". Smaller blocks raise the ideal, and the sweep above shows what each step then "
+            "costs."
+        )
+    if f["library_wins"]:
+        lines.append(
+            f"- **The libraries.** A tuned library kernel was faster in {f['library_wins']} of "
+            f"{f['library_configs']} configurations, {f['library_causal']} of them causal; at "
+            f"most by {f['library_worst']:.1f} % ({f['library_worst_at']}). In every "
+            "configuration of full attention this kernel was the fastest."
+            if f["library_causal"] == f["library_wins"] else
+            f"- **The libraries.** A tuned library kernel was faster in {f['library_wins']} of "
+            f"{f['library_configs']} configurations; at most by {f['library_worst']:.1f} % "
+            f"({f['library_worst_at']})."
+        )  # fmt: skip
+    return "\n".join(lines)

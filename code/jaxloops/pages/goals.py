@@ -86,10 +86,11 @@ GOALS = (
          3.3, at_least=False, percent=False, issue="chapter 11's gradient goal"),
     Goal("pallas_forward_h128", 17,
          "the Pallas kernel, forward, full attention, T = 8192, H 128 (bfloat16, B 4, N 8): "
-         "share of the 128-deep matmul ceiling measured beside it",
+         "share of attention's ceiling measured beside it (its products 128 deep at a 128-deep "
+         "matmul's rate, the rest at the square matmul's)",
          0.80, at_least=True, percent=True, issue="issue 42", backend="tpu"),
     Goal("pallas_forward_h64", 17,
-         "the same at H 64: share of the 64-deep matmul ceiling",
+         "the same at H 64: share of attention's ceiling, its QKᵀ at a 64-deep matmul's rate",
          0.60, at_least=True, percent=True, issue="issue 42", backend="tpu"),
     Goal("pallas_causal_of_ideal", 17,
          "the Pallas kernel's causal speed-up over full (forward), as a share of the ideal "
