@@ -102,6 +102,20 @@ def normal(shape, seed=0, dtype=np.float32):
     return np.random.default_rng(seed).standard_normal(shape, np.float32).astype(dtype)
 
 
+@functools.cache
+def device_bytes(shape: tuple[int, ...], dtype=np.float32) -> int:
+    """Bytes an array of `shape` and `dtype` occupies on this process's default device, as
+    the device lays it out (`measure.allocated_bytes`): the shape's bytes on a CPU; on a TPU
+    its two minor-most dims, in the order that pads least, padded to whole tiles (8 x 128
+    for 32 bits; a TPU v5e stores a (1, 3, 257, 263) float32 array in 1,184,256 bytes, not
+    811,092). What a compiled program's `memory_analysis()` counts is laid out the same way."""
+    import jax
+
+    from jaxloops import measure
+
+    return measure.allocated_bytes(jax.device_put(np.zeros(shape, dtype)))
+
+
 # A small transformer with distinct sizes, so a transposed axis cannot pass by accident:
 # V 13, L 2, D 30, N 10, K 5 (G = 2), H 3, F 21, max_len 11. Made when a test module first
 # imports it (`from conftest import SMALL_TRANSFORMER` calls the module's __getattr__).

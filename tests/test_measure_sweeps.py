@@ -1,4 +1,5 @@
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -111,13 +112,20 @@ def test_loop_copies_counts_the_cache_copies_a_loop_body_makes():
 
 
 def test_softmax_control_keeps_the_passes_and_bytes_but_no_exponential():
-    # Rows of 128 keys, as a key block has: with rows of 11, XLA 0.12.1 recomputes the
-    # control's division in its consumers instead of writing it (0.7 of the bytes).
-    scores = np.random.default_rng(0).standard_normal((2, 3, 16, 128)).astype(np.float32)
-    real = measure.compiled_costs(softmax, scores)
-    control = measure.compiled_costs(measure.softmax_without_exp, scores)
-    assert real["transcendentals"] >= scores.size and control["transcendentals"] == 0
+    # At the scores chapter 8 profiles on this backend (`naive_attention_parts`: B 1, its N
+    # heads, T = S its shortest length; a CPU (1, 4, 256, 256), a TPU (1, 8, 1024, 1024)),
+    # scaled as there, compiled only. The passes are the compiler's choice and depend on the
+    # shape: at (2, 3, 16, 128) a TPU v5e (JAX 0.10.2) fused the real softmax into one kernel
+    # (147,456 bytes) and wrote the control's weights from a kernel of their own (294,912).
+    a = jaxloops.experiment_sizes().attention
+    shape = jax.ShapeDtypeStruct((1, a.heads, a.lengths[0], a.lengths[0]), jnp.float32)
+    scale = 1.0 / math.sqrt(a.head_dim)
+    real = measure.compiled_costs(lambda s: softmax(s * scale), shape)
+    control = measure.compiled_costs(lambda s: measure.softmax_without_exp(s * scale), shape)
+    elements = math.prod(shape.shape)
+    assert real["transcendentals"] >= elements and control["transcendentals"] == 0
     assert control["bytes_accessed"] == pytest.approx(real["bytes_accessed"], rel=0.05)
+    scores = np.random.default_rng(0).standard_normal((2, 3, 16, 128)).astype(np.float32)
     # One jitted call, not a program per eager operation; the softmax's weights in NumPy.
     weights = np.asarray(jax.jit(measure.softmax_without_exp)(scores))
     np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)  # rows still sum to one...

@@ -13,8 +13,9 @@ from jax.ad_checkpoint import print_saved_residuals
 
 import jaxloops
 import memory_model
-from conftest import SMALL_TRANSFORMER
-from jaxloops import memory
+from backend_marks import not_xla_tpus_choice
+from conftest import SMALL_TRANSFORMER, device_bytes
+from jaxloops import measure, memory
 from jaxloops.measure import step_memory as measured
 from memory_model import B, T
 
@@ -88,9 +89,10 @@ def test_the_activation_formula_counts_each_term():
     assert memory.activation_bytes(c, B, T, itemsize=2)["total"] == got["total"] // 2
 
 
-def test_the_formula_bounds_the_compiled_gradient_and_autodiff_saves_more():
+def test_the_formula_bounds_the_compiled_gradient_and_autodiff_saves_the_scores():
     row = measured.formula_sweep(SMALL_TRANSFORMER, [(B, T, 2)])[0]
-    assert row["formula"] <= row["compiled"] <= row["autodiff"]
+    # Shape bytes: a device that pads its arrays to tiles (a TPU) only adds to the compiled.
+    assert row["formula"] <= row["compiled"]
     census = measured.residual_census(SMALL_TRANSFORMER, B, T)
     assert census["bytes"] == row["autodiff"] and census["scores"] >= 1 and census["hidden"] > 2
     # print_saved_residuals' lines, parsed: the (B, N, T, S) softmax weights are among them.
@@ -98,6 +100,16 @@ def test_the_formula_bounds_the_compiled_gradient_and_autodiff_saves_more():
     assert any(
         s[-2:] == (T, T) and math.prod(s) == B * SMALL_TRANSFORMER.num_heads * T * T for s in shapes
     )
+
+
+@not_xla_tpus_choice(
+    "the compiled gradient kept 2,072,576 bytes against autodiff's 260,490 (8.0x): at D 30, "
+    "H 3, T 7 each array is padded to (8, 128) tiles, and the (B, T, N, H) arrays are also "
+    "copied into a second layout for the chip's matmuls, which autodiff's list does not name"
+)
+def test_autodiff_saves_more_than_the_compiled_gradient_keeps():
+    row = measured.formula_sweep(SMALL_TRANSFORMER, [(B, T, 2)])[0]
+    assert row["compiled"] <= row["autodiff"]
 
 
 def test_compiling_without_llvm_optimisation_assigns_the_same_bytes():
@@ -221,12 +233,24 @@ def test_kept_per_block_is_what_autodiff_saves_under_each_policy(policy):
         memory.kept_per_block(c, B, T, "everything")
 
 
-def test_held_bytes_are_the_gradients_program_and_adams_moments():
+def test_held_bytes_are_the_gradients_program_and_adams_moments(model):
     c = SMALL_TRANSFORMER
     m = measured.grad_program(c, 8, T)
     held = measured.held_bytes(c, 8, T, measured.TECHNIQUES["none"])
     assert held == m.temp + m.argument + m.output + 2 * 4 * memory.parameter_count(c)
-    assert 0 < held - measured.library_scratch_bytes() <= 3 * 10**6  # a GPU's cuBLAS workspace
+    # Less a matmul library's workspace (a GPU's cuBLAS), what is held is the model's own: at
+    # most twice its arrays (parameters, gradients and Adam's two moments, the tokens and the
+    # residuals autodiff saves), each as this device lays it out. A TPU pads each to its
+    # tiles: a TPU v5e held 3,045,088 bytes here against 3,212,800 of such arrays; a CPU
+    # about 340,000 against 487,240.
+    dtypes = {4: np.float32, 1: np.bool_}
+    residuals = measured.saved_residuals(c, 8, T)
+    arrays = 4 * measure.allocated_bytes(model[0]) + 2 * device_bytes((8, T), np.int32)
+    arrays += sum(device_bytes(shape, dtypes[itemsize]) for itemsize, shape, _ in residuals)
+    own = held - measured.library_scratch_bytes()
+    assert 0 < own <= 2 * arrays, (own, arrays)
+    # An H200's cuBLAS workspace (35.2 MB, `library_scratch_bytes`) left in is rejected.
+    assert not own + 35.2e6 <= 2 * arrays
 
 
 def test_the_published_table_uses_each_boards_memory():

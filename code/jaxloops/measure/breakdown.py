@@ -221,14 +221,17 @@ _MATMULS = {"project_qkv": "matmul: query, key, value", "attention_block": "matm
 def transformer_group(kernel: Kernel) -> str:
     """The group of a kernel of chapter 11's train step: matmuls by layer part, attention,
     norms, the MLP's GELU, embedding (forward and gradient), loss, optimizer, and copies and
-    transposes (a kernel XLA named after a copy or a transpose it ends with)."""
+    transposes (a kernel XLA named after a copy or a transpose it ends with, unless it does
+    a layer part's matmul: XLA:TPU names a matmul whose result it adds into another
+    `copy_add_fusion`)."""
+    attention = kernel.file.endswith(("attention.py", "blockwise.py"))
+    part = next((f for f in kernel.stack if f in _MATMULS), None)
+    if kernel.flops and part and not attention:
+        return _MATMULS[part]
     if kernel.opcode in ("copy", "transpose") or kernel.name.startswith(("copy", "transpose")):
         return "copies and transposes"
-    if kernel.file.endswith(("attention.py", "blockwise.py")):
+    if attention:
         return "attention"
-    part = next((f for f in kernel.stack if f in _MATMULS), None)
-    if kernel.flops and part:
-        return _MATMULS[part]
     if "optax" in kernel.file or kernel.function.startswith("make_train_step"):
         return "optimizer"
     named = {"rms_norm": "norms", "embed": "embedding", "mlp_block": "MLP: GELU"}
