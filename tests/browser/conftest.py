@@ -57,7 +57,9 @@ class Visit:
     math: dict
     failed_fonts: list[str]
     scrolling_code: list[str]  # code blocks whose lines are wider than the code column
-    unrendered_roles: list[str]  # MyST roles shown as text (`{glue:text}` written in backticks)
+    # MyST roles shown as text (`{glue:text}` written in backticks), and Markdown tables
+    # glued in a format without tables (commonmark), shown as their source
+    unrendered_roles: list[str]
 
 
 @dataclasses.dataclass
@@ -164,7 +166,8 @@ UNRENDERED_ROLES = """() => {
     const prose = [];
     for (let n = walker.nextNode(); n; n = walker.nextNode()) {
         if (!n.parentElement.closest('pre, code, script, style')
-            && /\\{(glue|cite|doc|ref|numref)(:[a-z]+)?\\}/.test(n.textContent))
+            && (/\\{(glue|cite|doc|ref|numref)(:[a-z]+)?\\}/.test(n.textContent)
+                || /\\|\\s*:?(-{3,}|—+):?\\s*\\|/.test(n.textContent)))  // a table left as text
             prose.push(n.textContent.trim().slice(0, 80));
     }
     return spans.concat(prose);

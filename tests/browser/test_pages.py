@@ -42,7 +42,8 @@ def test_code_fits_the_code_column(visits, page_path):
 
 
 def test_no_myst_role_is_left_as_text(visits, page_path):
-    """A role written inside backticks (`{glue:text}`name``) shows as code, not its value."""
+    """A role written inside backticks (`{glue:text}`name``) shows as code, not its value; a
+    Markdown table glued as commonmark shows as its pipes and dashes, not a table."""
     assert visits(page_path).unrendered_roles == []
 
 
