@@ -105,6 +105,27 @@ def test_entry_instructions_read_shapes_without_their_tiled_layouts():
     assert row["shape"] == "f32[3,7]" and row["dims"] == (3, 7) and row["kind"] == "kOutput"
 
 
+def test_entry_instructions_read_results_that_are_tuples():
+    found = compiled.entry_instructions(tpu_text("naive_attention"))
+    # The fusion that writes the row sums and the weights: a kernel a TPU runs, not bookkeeping.
+    assert ("fusion.22", "fusion", "(f32[3,24], bf16[3,24,24])") in found
+    assert [op for _, op, _ in found].count("copy-start") == 2  # each ends in a copy-done
+    # A TPU's slice-start holds a tuple inside its tuple, and layouts with parentheses.
+    hlo = (
+        "ENTRY %main (p: f32[64,64]) -> f32[16,64] {\n"
+        "  %p = f32[64,64]{1,0:T(8,128)} parameter(0)\n"
+        "  %s = ((f32[64,64]{1,0:T(8,128)}), f32[16,64]{1,0:T(8,128)S(1)}, s32[]{:S(2)}) "
+        "slice-start(%p), slice={[0:16], [0:64]}\n"
+        "  ROOT %d = f32[16,64]{1,0:T(8,128)S(1)} slice-done(%s)\n"
+        "}\n"
+    )
+    assert compiled.entry_instructions(hlo) == [
+        ("p", "parameter", "f32[64,64]"),
+        ("s", "slice-start", "((f32[64,64]), f32[16,64], s32[])"),
+        ("d", "slice-done", "f32[16,64]"),
+    ]
+
+
 def test_a_fusion_that_returns_a_tuple_is_read_and_a_nested_one_runs_where_its_caller_runs():
     rows = compiled.fusions_of(tpu_text("naive_attention"))
     (exponentials,) = [r for r in rows if "exponential" in r["ops"]]

@@ -149,3 +149,17 @@ def test_predicted_blocked_shares_follow_the_overlap_model():
     assert p == {"overlap": 0.5, "fetch every step": 2.0 / 5.0, "never fetch": 1.0 / 4.0}
     full = measure.predicted_blocked_shares(host=3.0, device=2.0, every_step=5.0, never=1.0)
     assert full["overlap"] == 1.0 and full["never fetch"] == 0.0  # clipped to full overlap
+
+
+def test_predicted_blocked_shares_count_the_calls_and_leave_the_round_trip_out_of_the_overlap():
+    # h = 3, c = 1, d = 2, d_f = 5 (a round trip of 2): fetching every step took h + d_f = 8,
+    # never fetching h + c = 4, full overlap. The host is blocked in its calls: 1 s of 4.
+    p = measure.predicted_blocked_shares(
+        host=3.0, device=2.0, every_step=8.0, never=4.0, fetched=5.0, dispatch=1.0
+    )
+    assert p == {"overlap": 1.0, "fetch every step": 5.0 / 8.0, "never fetch": 1.0 / 4.0}
+    # Never fetching 5 s: 1 s of the 2 s that could overlap did not, nor does the round trip.
+    half = measure.predicted_blocked_shares(
+        host=3.0, device=2.0, every_step=8.0, never=5.0, fetched=5.0, dispatch=1.0
+    )
+    assert half["overlap"] == 0.5 and half["never fetch"] == (1.0 + 1.0) / (4.0 + 1.0)

@@ -23,6 +23,22 @@ def test_the_ceiling_is_the_best_of_its_interleaved_samples():
         measure.measure_roofline(jax.random.key(0), matmul_size=33, read_bytes=64, samples=0)
 
 
+def test_the_matmul_ceiling_runs_at_the_precision_the_programs_run_at():
+    """A ceiling at another precision than the programs' is not theirs (a TPU's default float32
+    matmul is one bfloat16 pass): the ceiling's matmul takes JAX's default, and says which."""
+    roofline = importlib.import_module("jaxloops.measure.roofline")
+    a = normal((256, 256))
+    with jax.default_matmul_precision("bfloat16"):
+        one_pass = roofline._matmul.lower(a, a).as_text()
+        roof = roofline.measure_roofline(
+            jax.random.key(0), matmul_size=16, read_bytes=64, samples=1
+        )
+    with jax.default_matmul_precision("highest"):
+        full = roofline._matmul.lower(a, a).as_text()
+    assert roof.precision == "bfloat16"
+    assert "HIGHEST" in full and "HIGHEST" not in one_pass  # a pinned precision fails this
+
+
 def test_raised_keeps_every_sample_and_the_best_of_old_and_new():
     roof = _roof().raised(flops_samples=[4.0, 11.0], bytes_samples=[0.5])
     assert roof.flops_per_s == 11.0 and roof.flops_samples == (3.0, 7.0, 5.0, 4.0, 11.0)

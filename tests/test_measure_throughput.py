@@ -38,7 +38,7 @@ def test_every_overlap_driver_trains_the_same_parameters(key):
     host_alone = drivers.pop("host work alone")
     assert len(host_alone()) == 7  # the host work of each of the 7 batches, without a step
     results = {name: run() for name, run in drivers.items()}
-    assert len(results) == 5
+    assert len(results) == 6
     reference = results["scan, data on device"]
     for name, got in results.items():
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(reference)):
@@ -60,6 +60,25 @@ def test_predicted_step_seconds_follow_the_overlap_model():
     assert slow["never fetch"] == 3.0 / 1.0 + (5.0 - 0.5 * 3.0) and slow["fetch every step"] == 8.0
     with pytest.raises(ValueError, match="shares in \\(0, 1\\]"):
         measure.predicted_step_seconds(host=3.0, device=5.0, k=4, host_share=0.0)
+
+
+def test_a_fetch_adds_its_round_trip_and_a_dispatch_adds_to_the_host_part():
+    # A fetch every step: h + d_f, whatever d is; never fetching: the slower of h + c and d.
+    p = measure.predicted_step_seconds(host=3.0, device=2.0, k=4, fetched=5.0, dispatch=1.0)
+    assert p["fetch every step"] == 3.0 + 5.0
+    assert p["never fetch"] == 3.0 + 1.0  # the host, with its dispatch, is the slower part
+    assert p["fetch every 4 steps"] == 4.0 + (8.0 - 4.0) / 4
+    device_bound = measure.predicted_step_seconds(
+        host=3.0, device=7.0, k=4, fetched=9.0, dispatch=1.0
+    )
+    assert device_bound["never fetch"] == 7.0 and device_bound["fetch every step"] == 12.0
+    # No free core: the dispatch, host work too, queues behind the device's work.
+    none = measure.predicted_step_seconds(
+        host=3.0, device=2.0, k=4, host_share=0.5, device_share=0.5, fetched=5.0, dispatch=1.0
+    )
+    assert none["never fetch"] == 3.0 + 1.0 + 2.0
+    with pytest.raises(ValueError, match="dispatch >= 0 and fetched > 0"):
+        measure.predicted_step_seconds(host=3.0, device=2.0, k=4, dispatch=-1.0)
 
 
 class _ReadyAt:
@@ -155,7 +174,7 @@ def test_turns_verdict_rejects_overlap_by_its_prediction_and_a_slow_hand_off_wit
     assert failed == [] and sentence.startswith("on neither side here; it cannot tell")
     # A hand-off 1.5x h + d fails with two cores free, and is only reported with one.
     failed, sentence = measure.turns_verdict(3e-3, h, d, 1.97, 0.4, overlapped)
-    assert failed == ["a step took 1.50x h + d > 1.4, 1.97 cores free"]
+    assert failed == ["a step took 1.50x h + d_f > 1.4, 1.97 cores free"]
     failed, sentence = measure.turns_verdict(3e-3, h, d, 1.2, 0.4, overlapped)
     assert failed == [] and "found 1.20" in sentence
     with pytest.raises(ValueError, match="0 < band < 1"):

@@ -108,8 +108,9 @@ _COPY = re.compile(r"^\s*(?:ROOT )?%?\S+ = \w+\[([\d,]*)\]\S* copy\(")
 # A layout after a shape: "{1,0}" on a CPU, "{1,0:T(8,128)S(1)}" on a TPU (its tiles and memory
 # space), which a pattern must step over, not read as part of the shape.
 LAYOUT = r"(?:\{[^}]*\})?"
-# A tuple shape, whose layouts may hold parentheses of their own: "(f32[8]{0:T(256)}, s32[])".
-TUPLE = r"\((?:[^()]|\([^()]*\))*\)"
+# A tuple shape, whose layouts may hold parentheses of their own: "(f32[8]{0:T(256)}, s32[])",
+# and which may hold a tuple: a TPU's slice-start returns "((f32[64,64]{1,0:T(8,128)}), ...)".
+TUPLE = r"\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)"
 # A fusion's result may be a tuple (a TPU's fusions often return two arrays).
 _FUSION = re.compile(
     rf"^\s*(?:ROOT )?%?(\S+) = ({TUPLE}|\S+) fusion\(.*kind=(\w+), calls=%?([\w.-]+)"
@@ -137,15 +138,23 @@ def hlo_lines(text: str):
             yield computation, line
 
 
-_ENTRY_INSTRUCTION = re.compile(rf"\s*(?:ROOT )?%?([\w.-]+) = (\S+?){LAYOUT} ([\w-]+)\(")
+# An instruction's result is an array or a tuple (a TPU's fusions often write several arrays).
+_ENTRY_INSTRUCTION = re.compile(rf"\s*(?:ROOT )?%?([\w.-]+) = ({TUPLE}|\S+?){LAYOUT} ([\w-]+)\(")
+
+
+def plain_shape(shape: str) -> str:
+    """A shape as HLO text writes it, without its layouts and comments: "f32[64,256]" for
+    "f32[64,256]{1,0:T(8,128)}", "(f32[8], s32[])" for "(f32[8]{0:T(256)}, /*index=1*/s32[])"."""
+    return re.sub(r"\{[^}]*\}|/\*[^*]*\*/", "", shape)
 
 
 def entry_instructions(program) -> list[tuple[str, str, str]]:
     """The top-level instructions of a compiled program's (or its HLO text's) ENTRY
-    computation: (name, opcode, output shape), in program order.
+    computation: (name, opcode, output shape without its layouts), in program order.
 
     What runs as its own kernel: each `fusion` is one, and so is every instruction that XLA
-    left outside a fusion (a `dot`, a `copy`). Parameters and tuples are bookkeeping.
+    left outside a fusion (a `dot`, a `copy`). Parameters and tuples are bookkeeping. A
+    result may be a tuple, "(f32[3,24], bf16[3,24,24])", as a TPU's fusions often are.
     """
     text = program_text(program)
     if "ENTRY" not in text:
@@ -154,7 +163,7 @@ def entry_instructions(program) -> list[tuple[str, str, str]]:
     for computation, line in hlo_lines(text):
         match = _ENTRY_INSTRUCTION.match(line) if computation == "ENTRY" else None
         if match:
-            found.append((match.group(1), match.group(3), match.group(2)))
+            found.append((match.group(1), match.group(3), plain_shape(match.group(2))))
     return found
 
 
@@ -201,7 +210,7 @@ def fusions_of(program) -> list[dict]:
 
     rows = []
     for where, name, shape, kind, called in fusions:
-        shape = re.sub(r"\{[^}]*\}", "", shape)  # its layouts dropped (a tuple may have several)
+        shape = plain_shape(shape)  # its layouts dropped (a tuple may have several)
         match = SHAPE.fullmatch(shape)
         dims = shape_dims(match.group(2)) if match else ()
         rows.append(

@@ -178,21 +178,36 @@ def device_under_host_work(spans: list[Span]) -> float:
     return overlap_seconds(spans, "device", HOST_WORK) / max(busy_seconds(spans, "device"), 1e-12)
 
 
-def predicted_blocked_shares(host: float, device: float, every_step: float, never: float):
-    """The blocked shares the overlap model predicts from h = `host`, d = `device` and the
-    measured seconds per step of the fetch-every-step and never-fetch drivers.
+def predicted_blocked_shares(
+    host: float,
+    device: float,
+    every_step: float,
+    never: float,
+    *,
+    fetched: float | None = None,
+    dispatch: float = 0.0,
+):
+    """The blocked shares the overlap model predicts from its parts, h = `host`, d = `device`,
+    d_f = `fetched` (default d) and c = `dispatch` (`predicted_step_seconds` names them), and
+    the measured seconds per step of the fetch-every-step and never-fetch drivers.
 
-    The overlap o is the share of the shorter work that ran beside the other without
-    fetches, (every_step - never) / min(h, d), clipped to [0, 1]. Blocked: d / (h + d) with a
-    fetch every step; (1 - o) min(h, d) / (max(h, d) + (1 - o) min(h, d)) without fetches.
+    The overlap o is the share of the shorter work, of h + c and d, that ran beside the other
+    without fetches: what never fetching saved against h + c + d, (every_step - r - never) /
+    min(h + c, d), clipped to [0, 1], where r = d_f - c - d is what a fetch adds. Blocked,
+    waiting or dispatching: d_f / (h + d_f) with a fetch every step; without fetches the
+    calls and the part of the work that did not overlap, (c + a) / (max(h + c, d) + a) with
+    a = (1 - o) min(h + c, d).
 
     Returns:
       {"overlap": o, "fetch every step": ..., "never fetch": ...}.
     """
-    o = min(max((every_step - never) / min(host, device), 0.0), 1.0)
-    alone = (1 - o) * min(host, device)
+    fetched = device if fetched is None else fetched
+    busy = host + dispatch  # the host's part of a step it does not wait for
+    round_trip = fetched - dispatch - device
+    o = min(max((every_step - round_trip - never) / min(busy, device), 0.0), 1.0)
+    alone = (1 - o) * min(busy, device)
     return {
         "overlap": o,
-        "fetch every step": device / (host + device),
-        "never fetch": alone / (max(host, device) + alone),
+        "fetch every step": fetched / (host + fetched),
+        "never fetch": (dispatch + alone) / (max(busy, device) + alone),
     }

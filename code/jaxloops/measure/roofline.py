@@ -17,7 +17,6 @@ the variable, a process keeps it in memory.
 """
 
 import dataclasses
-import functools
 import json
 import os
 import pathlib
@@ -49,6 +48,7 @@ class Roofline:
     bytes_samples: tuple[float, ...]
     matmul_size: int
     read_bytes: int
+    precision: str = "default"  # the matmul's: JAX's default matmul precision when measured
 
     def predict(self, flops: float, bytes_moved: float) -> float:
         """Seconds the roofline allows: the slower of computing and moving."""
@@ -84,8 +84,10 @@ class Roofline:
 
 # The ceilings' programs, jitted once: each `ceiling_runs` call (one per chapter that samples
 # the ceiling beside its work, one per length of chapter 10's decode sweep) reuses them.
-# Full float32 precision: on GPUs the default would be TF32 (or bf16 passes on TPU).
-_matmul = jax.jit(functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST))
+# At the matmul precision the build's programs run at (JAX's default, which `make book` sets
+# to "highest"): a ceiling measured at another precision is not theirs. A TPU's default float32
+# matmul is one bfloat16 pass, about five times its "highest" rate (a GPU's default, TF32).
+_matmul = jax.jit(jnp.matmul)
 _read = jax.jit(lambda x: jnp.sum(x, dtype=jnp.float32))
 
 
@@ -129,6 +131,7 @@ def measure_roofline(key: jax.Array, *, matmul_size: int, read_bytes: int, sampl
         tuple(rates["bytes"]),
         matmul_size,
         4 * (read_bytes // 4),
+        str(jax.config.jax_default_matmul_precision or "default"),
     )
 
 

@@ -254,9 +254,10 @@ def overlap_drivers(train_step, params, opt_state, batches: Batch, host_seconds:
     Three feed the jitted step from `host_pipeline` (`host_seconds` of work per batch, sized
     now) and fetch the loss every step, every k steps, or never; the scan runs the epoch on
     batches already on the device (the pipeline moved onto the device, as chapter 2 does),
-    with no per-step host work. Two controls: the jitted step driven from Python with a fetch
-    every step and no host work (the device work of a fed step, its dispatch and fetch
-    included), and the pipeline's host work without a step.
+    with no per-step host work. Three controls: the jitted step driven from Python with no
+    host work, with a fetch every step (a fed step, its wait for the result and the next
+    launch included) and with none (the device's work of a fed step, steps queued back to
+    back); and the pipeline's host work without a step.
     """
     iterations = spin_iterations(host_seconds)
     as_list = unstack(batches)
@@ -265,36 +266,51 @@ def overlap_drivers(train_step, params, opt_state, batches: Batch, host_seconds:
     fed = lambda log_every: python_loop(
         jitted, params, opt_state, host_pipeline(as_list, iterations), log_every
     )[0]
+    alone = lambda log_every: python_loop(jitted, params, opt_state, as_list, log_every)[0]
     return {
         "fetch every step": lambda: fed(1),
         f"fetch every {k} steps": lambda: fed(k),
         "never fetch": lambda: fed(None),
         "scan, data on device": lambda: epoch(params, opt_state, batches)[0],
-        "steps alone, fetch every step": lambda: python_loop(jitted, params, opt_state, as_list, 1)[
-            0
-        ],
+        "steps alone, fetch every step": lambda: alone(1),
+        "steps alone, never fetch": lambda: alone(None),
         "host work alone": lambda: [_spin(iterations) for _ in as_list],
     }
 
 
 def predicted_step_seconds(
-    host: float, device: float, k: int, host_share: float = 1.0, device_share: float = 1.0
+    host: float,
+    device: float,
+    k: int,
+    host_share: float = 1.0,
+    device_share: float = 1.0,
+    *,
+    fetched: float | None = None,
+    dispatch: float = 0.0,
 ) -> dict[str, float]:
-    """Seconds per step each fed driver should take, for host work h and device work d (each
-    timed alone) that run at `host_share` and `device_share` of that speed beside each other.
+    """Seconds per step each fed driver should take, from its parts, each timed alone: host
+    work h, the device's work d of a fed step (steps queued, each launch included), the same
+    step with a fetch after it, d_f (`fetched`; default d), and the host's call that dispatches
+    a step, c (`dispatch`); host and device run at `host_share` and `device_share` of their speed
+    beside each other.
 
-    Fetching every step serialises them: h + d. Otherwise the host prepares step t+1 while
-    the device runs step t: both run side by side until the first is done, the rest of the
-    other alone; with shares of 1 that is max(h, d), with no free core (shares that add up
-    to 1) no faster than h + d. A fetch every k steps loses that gain once per k steps.
+    Fetching every step serialises them: h + d_f, where d_f holds the wait for the step, the
+    loss's trip to the host and the next launch reaching an idle device. Otherwise the host
+    prepares step t+1 (h + c) while the device runs step t (d): both run side by side until
+    the first is done, the rest of the other alone; with shares of 1 that is max(h + c, d),
+    with no free core (shares that add up to 1) no faster than h + c + d. A fetch every k
+    steps loses that gain once per k steps.
     """
     if not (0.0 < host_share <= 1.0 and 0.0 < device_share <= 1.0) or k < 1:
         raise ValueError(f"need shares in (0, 1] and k >= 1, got {host_share}, {device_share}, {k}")
-    side_by_side = min(host / host_share, device / device_share)
-    host_left = host - host_share * side_by_side
+    if dispatch < 0 or (fetched is not None and fetched <= 0):
+        raise ValueError(f"need dispatch >= 0 and fetched > 0, got {dispatch}, {fetched}")
+    busy = host + dispatch  # the host's part of a step it does not wait for
+    side_by_side = min(busy / host_share, device / device_share)
+    host_left = busy - host_share * side_by_side
     device_left = device - device_share * side_by_side
     never = side_by_side + host_left + device_left  # at most one of the two is left
-    every = host + device
+    every = host + (device if fetched is None else fetched)
     return {
         "fetch every step": every,
         f"fetch every {k} steps": never + (every - never) / k,
@@ -307,44 +323,47 @@ TURNS_SEPARATION = 0.2
 
 
 def turns_verdict(
-    every: float, host: float, device: float, cores: float, band: float, overlapped: float
+    every: float, host: float, fetched: float, cores: float, band: float, overlapped: float
 ):
-    """Fetching every step (`every` s per step) against h + d: (the claims it contradicts,
+    """Fetching every step (`every` s per step) against h + d_f, host work and a fed step
+    with its fetch (`fetched`) one after the other: (the claims it contradicts,
     the sentence that says what was checked).
 
-    Taking turns, a step takes h + d and no less; overlapping, it would take `overlapped`
+    Taking turns, a step takes h + d_f and no less; overlapping, it would take `overlapped`
     (`predicted_step_seconds`' "never fetch", from the shares the cores offered). The rule:
-    a step took turns when it sits nearer h + d than `overlapped`, at least their midpoint,
-    checked wherever overlap would save at least `TURNS_SEPARATION` of h + d (elsewhere the
-    two cannot be told apart, and the sentence says so). What a step takes above h + d is
+    a step took turns when it sits nearer h + d_f than `overlapped`, at least their midpoint,
+    checked wherever overlap would save at least `TURNS_SEPARATION` of h + d_f (elsewhere the
+    two cannot be told apart, and the sentence says so). What a step takes above h + d_f is
     the hand-off between host and device, which another process on the cores lengthens (a
-    fresh-clone CI build, with the tests beside it, read 1.50): at most (1 + band)(h + d)
+    fresh-clone CI build, with the tests beside it, read 1.50): at most (1 + band)(h + d_f)
     is checked only with two cores free.
     """
-    if min(every, host, device, overlapped) <= 0 or not 0 < band < 1:
+    if min(every, host, fetched, overlapped) <= 0 or not 0 < band < 1:
         raise ValueError(
-            f"need positive times and 0 < band < 1, got {every}, {host}, {device}, "
+            f"need positive times and 0 < band < 1, got {every}, {host}, {fetched}, "
             f"{overlapped}, {band}"
         )
-    turns, overlap = every / (host + device), overlapped / (host + device)
+    turns, overlap = every / (host + fetched), overlapped / (host + fetched)
     floor = (1 + overlap) / 2
     failed = []
     told_apart = 1 - overlap >= TURNS_SEPARATION
     if told_apart and turns < floor:
         failed.append(
-            f"a step overlapped: {turns:.2f}x h + d, nearer the overlapped "
+            f"a step overlapped: {turns:.2f}x h + d_f, nearer the overlapped "
             f"{overlap:.2f} than 1 (floor {floor:.2f})"
         )
     two_free = cores >= TWO_FREE_CORES
     if two_free and turns > 1 + band:
-        failed.append(f"a step took {turns:.2f}x h + d > {1 + band}, {cores:.2f} cores free")
-    lower = f"below {floor:.2f} × (h + d), midway to the {overlap:.2f} × (h + d) overlap would take"
-    upper = f"above {1 + band:.1f} × (h + d)"
+        failed.append(f"a step took {turns:.2f}x h + d_f > {1 + band}, {cores:.2f} cores free")
+    lower = (
+        f"below {floor:.2f} × (h + d_f), midway to the {overlap:.2f} × (h + d_f) overlap would take"
+    )
+    upper = f"above {1 + band:.1f} × (h + d_f)"
     unchecked = []
     if not told_apart:
         unchecked.append(
             f"it cannot tell taking turns from overlap here: overlap would take "
-            f"{overlap:.2f} × (h + d), too close to h + d"
+            f"{overlap:.2f} × (h + d_f), too close to h + d_f"
         )
     if not two_free:
         unchecked.append(
