@@ -65,9 +65,14 @@ test: venv
 # ruff, configured in pyproject.toml: lint and format check of the package, tests and scripts.
 # The goals the issues set (jaxloops/pages/goals.py), measured and recorded per machine in
 # results/bench/; fails when one that applies here is missed. BENCH_ARGS=--rates adds the
-# transformer step's tokens/s table. A benchmark, not a test.
-bench: venv
+# transformer step's tokens/s table. A benchmark, not a test. requirements-bench.txt adds
+# PyTorch (CPU) for the goal against PyTorch eager.
+bench: $(VENV)/.bench-installed
 	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
+
+$(VENV)/.bench-installed: requirements-bench.txt $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet -r requirements-bench.txt
+	touch $@
 
 lint: $(VENV)/.lint-installed
 	$(BIN)/ruff check code tests scripts .ci

@@ -5,6 +5,9 @@ goal as set and says whether its build met it; this script is what checks them.
 
   python scripts/bench.py [--rounds 7] [--out results/bench] [--rates [--breakdown] [--control]]
 
+The goal against PyTorch eager (issue 43) needs torch: `make bench` installs
+requirements-bench.txt first; run without it, that goal is "not measured".
+
 --rates also prints the transformer train step's tokens/s and fraction of the build's
 matmul ceiling at chapter 11's size and at the goal's size. Each size then also runs in a
 fresh process with each of `step_speed.ALLOCATORS` (glibc's defaults, huge pages, memory
@@ -14,6 +17,7 @@ also times the step with `textbook_attention` (chapter 11's control) and, with
 """
 
 import argparse
+import importlib.util
 import os
 import pathlib
 import platform
@@ -24,7 +28,7 @@ import jax
 
 from jaxloops import experiment_sizes, measure
 from jaxloops.attention import textbook_attention
-from jaxloops.measure import describe_backend, step_speed
+from jaxloops.measure import describe_backend, step_speed, torch_twin
 from jaxloops.measure.roofline import ROOFLINE_ENV
 from jaxloops.measure.throughput import validation_hook_speed
 from jaxloops.pages import goals
@@ -76,7 +80,30 @@ def measure_goals(rounds: int) -> dict[str, float]:
     print(f"chapter 11, the step at {sizes.lm.goal} in {where}: {step['of_ceiling']:.1%} of "
           f"the {step['ceiling'] / 1e9:.1f} GFLOP/s ceiling, gradient / forward "
           f"{step['gradient_over_forward']:.2f}")  # fmt: skip
+    measured.update(step_over_pytorch(sizes.lm.goal, rounds))
     return measured
+
+
+def step_over_pytorch(sizes: tuple[int, ...], rounds: int) -> dict[str, float]:
+    """Issue 43's goal: the step at `sizes` against its PyTorch eager twin, in a plain
+    process (`torch_twin.rates_in_plain_process`); {} where it cannot be measured here."""
+    if jax.default_backend() != "cpu":
+        why_not = f"JAX runs on a {jax.default_backend()} here; the goal is set for its CPU"
+    elif importlib.util.find_spec("torch") is None:
+        why_not = "torch is not installed (requirements-bench.txt; `make bench` installs it)"
+    else:
+        why_not = None
+    if why_not is not None:
+        print(f"chapter 11, the step against PyTorch eager: not measured ({why_not})")
+        return {}
+    r = torch_twin.rates_in_plain_process(sizes, rounds)
+    needed = f"; a claim needs {r['wins_needed']}" if r["wins_needed"] else ""
+    print(f"chapter 11, the step at {sizes} in a plain process: JAX {r['jax_tokens_per_s']:,.0f} "
+          f"tokens/s, PyTorch {r['torch_version']} eager ({r['torch_threads']} threads) "
+          f"{r['torch_tokens_per_s']:,.0f} tokens/s (medians); JAX / PyTorch "
+          f"{r['ratio']:.2f} (median of {r['rounds']} paired rounds; JAX faster in "
+          f"{r['jax_wins']}{needed})")  # fmt: skip
+    return {"step_over_pytorch": r["ratio"]}
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ def test_the_goals_are_the_values_the_issues_set():
         "causal_over_full": (1.4, True),
         "step_of_ceiling": (0.55, True),
         "gradient_over_forward": (3.3, False),
+        "step_over_pytorch": (1.0, True),
         "pallas_forward_h128": (0.80, True),
         "pallas_forward_h64": (0.60, True),
         "pallas_causal_of_ideal": (0.85, True),

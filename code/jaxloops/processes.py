@@ -19,7 +19,7 @@ import typing
 
 from jaxloops import sizes as sizes_module
 
-NAMES = ("cache_probe", "checkpoint", "sharding", "step_speed", "streaming")
+NAMES = ("cache_probe", "checkpoint", "sharding", "step_speed", "streaming", "torch_twin")
 
 
 _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"

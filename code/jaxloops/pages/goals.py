@@ -84,6 +84,10 @@ GOALS = (
     Goal("gradient_over_forward", 11,
          "the same step: gradient time / forward time",
          3.3, at_least=False, percent=False, issue="chapter 11's gradient goal"),
+    Goal("step_over_pytorch", 11,
+         "the step at the goal size, tokens/s over PyTorch eager's, in a plain process (its "
+         "PyTorch twin, CPU, float32; median of paired rounds, `make bench`)",
+         1.0, at_least=True, percent=False, issue="issue 43"),
     Goal("pallas_forward_h128", 17,
          "the Pallas kernel, forward, full attention, T = 8192, H 128 (bfloat16, B 4, N 8): "
          "share of attention's ceiling measured beside it (its products 128 deep at a 128-deep "

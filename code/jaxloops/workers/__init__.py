@@ -6,6 +6,7 @@
   sharding     chapter 12: one process of a multi-process data-parallel run
   step_speed   chapter 11: the transformer's train step, with or without glibc's huge pages
   streaming    chapter 15: a run streamed by Grain, killed mid-epoch and resumed (needs grain)
+  torch_twin   `make bench`: the step of chapter 11 against its PyTorch twin (needs torch)
 
 A parent starts one through `jaxloops.processes` (`command(name, ...)`, `cpu_env`,
 `sizes_json`), whose names this package re-exports for the chapters: `workers.cpu_env(8)`.
