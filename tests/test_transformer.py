@@ -143,6 +143,25 @@ def test_attention_map_is_causal_and_reproduces_the_attention_output(params, tok
         attention_map(params, tokens, layer=2)
 
 
+@pytest.mark.parametrize("model_dim", [15, 45])
+def test_fresh_logits_have_std_one_over_sqrt_d_so_the_loss_starts_at_ln_v(model_dim):
+    """Chapter 11's check at init: logits of std sigma raise the loss by about sigma^2 / 2.
+    The control, the unembedding at unit gain (logits of std 1), starts half a nat above."""
+    V = 97
+    config = TransformerConfig(V, 2, model_dim, 3, 1, 21, 11)
+    params = init_transformer(jax.random.key(3), config)
+    rng = np.random.default_rng(5)
+    tokens = rng.integers(0, V, (13, 12), dtype=np.int32)  # (B, T + 1)
+    batch = Batch(x=jnp.asarray(tokens[:, :-1]), y=jnp.asarray(tokens[:, 1:]))
+    std = float(logits_fn(params, batch.x).std(-1).mean())
+    assert abs(std * math.sqrt(model_dim) - 1) < 0.2
+    loss = float(jax.jit(transformer_loss)(params, batch)[0])
+    assert abs(loss - math.log(V)) < 0.25  # the page's bound
+    unit = {**params, "unembed": {"w": params["unembed"]["w"] * math.sqrt(model_dim)}}
+    assert float(logits_fn(unit, batch.x).std(-1).mean()) > 0.8
+    assert float(jax.jit(transformer_loss)(unit, batch)[0]) - math.log(V) > 0.3
+
+
 def test_tiny_model_learns_stdlib_text_with_the_books_train_step():
     config = TransformerConfig(
         vocab_size=VOCAB_SIZE,
@@ -161,7 +180,7 @@ def test_tiny_model_learns_stdlib_text_with_the_books_train_step():
     opt_state = jax.jit(optimizer.init)(params)  # one program, not one per leaf shape
     _, _, metrics = epoch(params, opt_state, batches)
     losses = np.asarray(metrics["loss"])  # (steps,)
-    assert abs(losses[0] - math.log(VOCAB_SIZE)) < 0.8  # unit-variance logits: about ln V
+    assert abs(losses[0] - math.log(VOCAB_SIZE)) < 0.25  # logits of std 1/sqrt(D): about ln V
     assert losses[-10:].mean() < 3.5  # from 4.6 nats to below 3.5 in 40 steps
 
 

@@ -17,7 +17,10 @@ def draw_normal(key: jax.Array, spec):
     is_spec = lambda leaf: isinstance(leaf, tuple) and isinstance(leaf[0], tuple)
     leaves, treedef = jax.tree.flatten(spec, is_leaf=is_spec)
     sizes = [math.prod(shape) for shape, _, _ in leaves]
-    flat = jax.random.normal(key, (sum(sizes),))  # (total,)
+    # The barrier keeps the sample one kernel on every backend: without it XLA's TPU compiler
+    # copied the random-number code into 10 of the leaves' kernels, and compiling chapter
+    # 11's initialiser took 41 s, not 6. The numbers are the same.
+    flat = jax.lax.optimization_barrier(jax.random.normal(key, (sum(sizes),)))  # (total,)
     pieces = jnp.split(flat, list(itertools.accumulate(sizes))[:-1])
     return treedef.unflatten(
         [

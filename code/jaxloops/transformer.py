@@ -69,7 +69,10 @@ class TransformerConfig:
 @functools.partial(jax.jit, static_argnums=1)
 def init_transformer(key: jax.Array, config: TransformerConfig) -> Params:
     """Weights N(0, 1/fan_in), norm scales 1; the two projections that write into the
-    residual stream are also scaled by 1/sqrt(2L), so its variance does not grow with L.
+    residual stream are also scaled by 1/sqrt(2L), so its variance does not grow with L; the
+    unembedding by 1/sqrt(D), so the fresh model's logits have a standard deviation of about
+    1/sqrt(D) and its loss starts near ln V (it reads a normalised stream, rms 1: at unit
+    gain the logits' std would be 1 at any D, and the loss about half a nat above ln V).
     Jitted: one compiled program per config instead of dozens of small eager ops.
 
     Returns:
@@ -91,7 +94,7 @@ def init_transformer(key: jax.Array, config: TransformerConfig) -> Params:
             },
             "mlp": {"w_in": ((D, F), D, 1.0), "w_out": ((F, D), F, residual)},
         }
-    spec["unembed"] = {"w": ((D, V), D, 1.0)}
+    spec["unembed"] = {"w": ((D, V), D, 1 / math.sqrt(D))}  # logits' std 1/sqrt(D)
     params = draw_normal(key, spec)
     for i in range(L):
         params[f"block_{i}"]["attention"]["norm"] = {"scale": jnp.ones(D)}

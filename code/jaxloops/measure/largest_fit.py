@@ -124,7 +124,9 @@ def _search(config, batch, length, budget, program, axis, margin):
         return held_or_over(*sized(n), length, program)
 
     exact = predicted(1)[axis]
-    high = exact + step  # the formula counts less than the program keeps: no more should fit
+    # Where XLA:CPU keeps more than the formula counts, no more fits; XLA:TPU can keep less
+    # (chapter 14's first section), and the search then doubles past this first upper end.
+    high = exact + step
     limit = step * max(2**10 // step, 4 * high // step)  # room to double past a wrong formula
     n, probes = largest_near(held, budget, guess, high, step=step, limit=limit)
     return {"formula": exact, "compiled": n, "probes": probes, "step": step}

@@ -66,7 +66,8 @@ def measure_compiled(fn, *args, options=COMPILE_ONLY) -> Measured:
 
 def model_shapes(config: TransformerConfig, batch: int, length: int, scanned: bool):
     """ShapeDtypeStructs of the parameters (stacked when `scanned`) and of a (B, T) batch."""
-    params = jax.eval_shape(lambda key: init_transformer(key, config), jax.random.key(0))
+    key = jax.eval_shape(lambda: jax.random.key(0))  # traced: nothing runs on the device
+    params = jax.eval_shape(lambda key: init_transformer(key, config), key)
     if scanned:
         params = jax.eval_shape(memory.stack_blocks, params)
     tokens = jax.ShapeDtypeStruct((batch, length), jnp.int32)

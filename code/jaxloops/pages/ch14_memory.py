@@ -5,6 +5,14 @@ from jaxloops.memory import step_bytes
 from jaxloops.pages.common import MiB
 from jaxloops.pages.render import subplots
 
+# The least and the most compiled scratch over the formula (`formula_sweep`, accumulation's
+# rows) that chapter 14 accepts. The formula counts every residual in float32, in the
+# device's memory, none recomputed: XLA:CPU kept 1.38x to 1.54x of it (2026-12-06); compiled
+# for a TPU v5e (ahead of time, at the TPU's sizes), XLA kept 0.56x at B 32, T 256 (1.01x at
+# T 64; accumulation 0.58x at M 4), some residuals in a core's VMEM, matmul inputs in
+# bfloat16 at the default precision.
+FORMULA_BAND = (0.5, 2.5)
+
 
 def _line(rows, axis, fixed):
     """The rows where every key of `fixed` has its value, sorted by `axis`."""
