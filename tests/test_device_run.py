@@ -52,17 +52,39 @@ def tree(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_the_manifest_holds_the_code_and_every_module_it_imports(tree):
-    """Imports inside functions and relative imports count; a module nobody imports does not."""
+def test_the_manifest_holds_the_code_and_every_module_it_uses(tree):
+    """Imports inside functions and relative imports count; a module nobody imports does not,
+    nor one that a package's `__init__` only re-exports."""
     files = set(device_records.manifest(tree / "book" / "02_two.md"))
     assert files == {
         "book/02_two.md",
-        "code/jaxloops/__init__.py",
-        "code/jaxloops/data.py",
         "code/jaxloops/sizes.py",
-        "code/jaxloops/measure/__init__.py",
         "code/jaxloops/measure/timing.py",
     }
+
+
+def test_a_name_imported_through_a_package_counts_the_module_that_defines_it(tree):
+    package = tree / "code" / "jaxloops"
+    (package / "__init__.py").write_text(
+        "from jaxloops import data\nfrom jaxloops.data import X as Y\nfrom jaxloops.unused import U\n"
+        "import importlib\ndef __getattr__(name):\n    return importlib.import_module('jaxloops.lazy')\n"
+    )
+    (package / "lazy.py").write_text("Z = 1\n")
+    (package / "measure" / "__init__.py").write_text("from jaxloops.measure.timing import T\n")
+    chapter = tree / "book" / "04_four.md"
+    cases = {
+        "from jaxloops import Y": {"code/jaxloops/data.py"},
+        "from jaxloops import measure\nmeasure.T": {"code/jaxloops/measure/timing.py"},
+        "import jaxloops.measure as m\nm.timing.T": {"code/jaxloops/measure/timing.py"},
+        # a name the package's own code provides: its __init__, and what it names
+        "import jaxloops\njaxloops.Z": {"code/jaxloops/__init__.py", "code/jaxloops/lazy.py"},
+        'import subprocess\nsubprocess.run(["python", "-m", "jaxloops.unused"])': {
+            "code/jaxloops/unused.py"
+        },
+    }
+    for code, expected in cases.items():
+        chapter.write_text(f"```{{code-cell}} python\n{code}\n```\n")
+        assert set(device_records.manifest(chapter)) - {"book/04_four.md"} == expected, code
 
 
 def test_a_record_goes_stale_when_its_code_or_a_module_changes_not_its_prose(tree):
@@ -77,6 +99,13 @@ def test_a_record_goes_stale_when_its_code_or_a_module_changes_not_its_prose(tre
     assert device_records.changed(recorded) == ["code/jaxloops/measure/timing.py"]
     chapter.write_text(CHAPTER.replace("x = 1", "x = 2"))
     assert device_records.changed(recorded) == ["book/02_two.md", "code/jaxloops/measure/timing.py"]
+    # a record that hashed more than the chapter uses today (an older, coarser manifest) is
+    # judged on what it uses
+    chapter.write_text(CHAPTER)
+    current = {**device_records.manifest(chapter), "code/jaxloops/unused.py": "0" * 64}
+    assert device_records.changed(current) == []
+    del current["code/jaxloops/sizes.py"]  # one it uses that the record did not hash
+    assert device_records.changed(current) == ["code/jaxloops/sizes.py"]
 
 
 def test_a_run_resumes_with_the_chapters_that_have_no_current_passing_record(tree):

@@ -33,36 +33,127 @@ def _module_file(name: str) -> pathlib.Path | None:
     return None
 
 
-def _imported_modules(source: str, package: str) -> set[str]:
-    """The jaxloops modules a piece of Python source imports (inside functions too)."""
-    names = set()
-    for node in ast.walk(ast.parse(source)):
+def _absolute(node: ast.ImportFrom, package: str) -> str:
+    """The module an `ImportFrom` names, a relative one resolved from the importing package."""
+    base = node.module or ""
+    if not node.level:
+        return base
+    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join(parts + ([base] if base else []))
+
+
+def _is_package(name: str) -> bool:
+    path = _module_file(name)
+    return path is not None and path.name == "__init__.py"
+
+
+def _definer(module: str, name: str, depth: int = 0) -> str | None:
+    """The module whose code defines what `module` exposes as `name`: a submodule itself, or,
+    through a package's re-exports (`from jaxloops import fit` is jaxloops.loop's `fit`), the
+    module it comes from."""
+    if _module_file(f"{module}.{name}"):
+        return f"{module}.{name}"
+    path = _module_file(module)
+    if path is None or path.name != "__init__.py" or depth > 8:
+        return module if path else None
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    return _definer(_absolute(node, module), alias.name, depth + 1)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname == name:
+                    return alias.name
+    return module  # defined in the package's own code (a lazy `__getattr__`, say)
+
+
+def _dotted(node: ast.Attribute) -> list[str]:
+    """`measure.compiled.fusions_of` as ["measure", "compiled", "fusions_of"]; [] when the
+    chain does not start at a plain name."""
+    chain = []
+    while isinstance(node, ast.Attribute):
+        chain.append(node.attr)
+        node = node.value
+    return [node.id, *reversed(chain)] if isinstance(node, ast.Name) else []
+
+
+def _used_modules(source: str, package: str) -> set[str]:
+    """The jaxloops modules whose code a piece of Python source uses (inside functions too):
+    each imported name traced to the module that defines it, and each attribute of an
+    imported package (`measure.compiled.fusions_of`, `jaxloops.fit`) likewise. Importing a
+    package runs its `__init__`, whose re-exports compute nothing a chapter sees, so a
+    package's other modules count only where the source reaches them."""
+    tree, used, packages = ast.parse(source), set(), {}
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
+            for alias in node.names:
+                if alias.name.split(".")[0] != "jaxloops" or not _module_file(alias.name):
+                    continue
+                if alias.asname is None:  # `import jaxloops.measure.timing` binds `jaxloops`
+                    packages["jaxloops"] = "jaxloops"
+                elif _is_package(alias.name):
+                    packages[alias.asname] = alias.name
+                if not _is_package(alias.name):
+                    used.add(alias.name)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: from the importing module's package
-                base = ".".join(
-                    package.split(".")[: len(package.split(".")) - node.level + 1]
-                    + ([base] if base else [])
-                )
-            names.add(base)
-            names.update(f"{base}.{alias.name}" for alias in node.names)
-    # `import jaxloops.measure.timing` runs jaxloops and jaxloops.measure too
-    return {".".join(n.split(".")[:i]) for n in names for i in range(1, n.count(".") + 2)}
+            base = _absolute(node, package)
+            if base.split(".")[0] != "jaxloops":
+                continue
+            for alias in node.names:
+                found = _definer(base, alias.name)
+                if found is None:
+                    continue
+                if found == f"{base}.{alias.name}" and _is_package(found):
+                    packages[alias.asname or alias.name] = found
+                else:
+                    used.add(found)
+    for node in ast.walk(tree):
+        chain = _dotted(node) if isinstance(node, ast.Attribute) else []
+        if not chain or chain[0] not in packages:
+            continue
+        current = packages[chain[0]]
+        for attribute in chain[1:]:
+            found = _definer(current, attribute)
+            if found is None or found == current or not _is_package(found):
+                used.add(found or current)
+                break
+            current = found
+    return used
+
+
+def _named(source: str) -> list[str]:
+    """Modules a source names in a string: a lazy import ("jaxloops.checkpoint"), or a worker
+    it starts by name (`processes.command("cache_probe")` runs jaxloops.workers.cache_probe)."""
+    strings = [
+        node.value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value
+    ]
+    named = [s for s in strings if s.startswith("jaxloops.")]
+    workers = [f"jaxloops.workers.{s}" for s in strings if s.isidentifier()]
+    return [m for m in named + workers if _module_file(m)]
 
 
 def package_files(code: str) -> list[pathlib.Path]:
-    """Every package file that `code` imports, directly or through the package's imports."""
-    seen, todo = {}, [m for m in _imported_modules(code, "") if _module_file(m)]
+    """Every package file whose code `code` runs, directly or through the modules it uses: not
+    the rest of a package whose `__init__` it passes through (`from jaxloops import fit` is
+    loop.py and what loop.py uses, not every module that jaxloops/__init__.py re-exports), so
+    an edit to one chapter's module stales only the records that use it. A package's own code
+    counts where a name is defined there; any module named in a string counts too
+    (`_named`)."""
+    seen, todo = {}, [*_used_modules(code, ""), *_named(code)]
     while todo:
         name = todo.pop()
         path = _module_file(name)
         if path is None or name in seen:
             continue
         seen[name] = path
-        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        todo.extend(_imported_modules(path.read_text(), package))
+        text = path.read_text()
+        if name != "jaxloops.processes":  # it names every worker; a worker counts where started
+            todo.extend(_named(text))
+        if path.name != "__init__.py":
+            todo.extend(_used_modules(text, name.rsplit(".", 1)[0]))
     return sorted(set(seen.values()))
 
 
@@ -98,8 +189,10 @@ def changed(recorded: dict[str, str]) -> list[str]:
     chapter = next(ROOT / p for p in recorded if p.startswith("book/"))
     if not chapter.is_file():
         return sorted(recorded)
+    # A file the record hashed that the chapter no longer uses does not matter: the chapter's
+    # own code, or a module it uses, changed to drop it, and that shows
     today = manifest(chapter)
-    return sorted(p for p in set(today) | set(recorded) if today.get(p) != recorded.get(p))
+    return sorted(p for p in today if today[p] != recorded.get(p))
 
 
 def load_run(device: str) -> dict:
