@@ -356,11 +356,11 @@ _PARTS = dict(
         # cannot (compiled ahead of time for a v5e at 15 GiB, 2026-12-06)
         budget_mib=By(16, 4096, 8 * 1024),
         # The search over L compiles the unrolled step (no technique; bfloat16) at the deepest L
-        # that fits: at the chip's B 32 the formula allows 80 and 150 blocks, each probe a long
-        # compile there; at B 160, 16 and 33, and the chapter's L 8 still fits without remat
-        # (the search's first compile) below a margin of about 1.9 over the formula. The GPU's
-        # 4 GiB at B 48 alike. Remat's scanned steps compile alike at any L.
-        fit_batch=By(8, 48, 160),
+        # that fits: at the chip's B 32 and 8 GiB the formula allows 42 blocks and more, each
+        # probe a long compile there; at B 80, 17 and 34, and the chapter's L 8 still fits
+        # without remat (the search's first compile) below a margin of about 1.9 over the
+        # formula. The GPU's 4 GiB at B 48 alike. Remat's scanned steps compile alike at any L.
+        fit_batch=By(8, 48, 80),
     ),
     streaming=_per_backend(
         StreamingSizes,
