@@ -238,10 +238,14 @@ def execute(out: pathlib.Path, paths: list[str], limit: float) -> None:
     import run_chapter
     from in_process import execute as run_cells
 
+    from jaxloops.pages import goals
+
     (out / "notebooks").mkdir(exist_ok=True)
     for path in map(pathlib.Path, paths):
         print(f"== {path.name}", flush=True)
         began, notebook = time.perf_counter(), run_chapter.read_chapter(path)
+        noted = out / "goals" / path.stem  # where this chapter's `goals.note_measured` writes
+        os.environ[goals.BUILD_GOALS_ENV] = str(noted)
         report = lambda i, s: print(f"cell {i}: {s:.1f} s", file=sys.__stdout__, flush=True)
         failures = run_cells(notebook, path.parent, keep_going=True, on_cell=report, limit=limit)
         seconds = time.perf_counter() - began
@@ -256,6 +260,7 @@ def execute(out: pathlib.Path, paths: list[str], limit: float) -> None:
             ],
             "date": datetime.date.today().isoformat(),
             "manifest": device_records.manifest(path),
+            "goals": goals.measured_in_build(noted) if noted.is_dir() else {},
         }
         with open(out / "chapters.jsonl", "a") as progress:
             progress.write(json.dumps(entry) + "\n")

@@ -13,6 +13,10 @@ def test_the_goals_are_the_values_the_issues_set():
         "step_of_ceiling": (0.55, True),
         "gradient_over_forward": (3.3, False),
         "step_over_pytorch": (1.0, True),
+        "fit_of_bare_epoch": (0.95, True),  # issue 43, on the chip
+        "fit_over_python_loop": (8.0, True),
+        "decode_gqa_of_roofline": (0.70, True),
+        "step_bf16_of_ceiling": (0.60, True),
         "pallas_forward_h128": (0.80, True),
         "pallas_forward_h64": (0.60, True),
         "pallas_causal_of_ideal": (0.85, True),
@@ -20,7 +24,8 @@ def test_the_goals_are_the_values_the_issues_set():
         "pallas_forward_backward_h128": (0.45, True),
         "pallas_over_library": (1.0, True),
     }
-    assert {g.key for g in goals.GOALS if g.backend == "tpu"} == {
+    tpu = {"fit_of_bare_epoch", "fit_over_python_loop", "decode_gqa_of_roofline", "step_bf16_of_ceiling"}
+    assert {g.key for g in goals.GOALS if g.backend == "tpu"} == tpu | {
         k for k in asked if k.startswith("pallas")
     }
 
@@ -92,3 +97,24 @@ def test_machine_keys_are_file_names():
     key = goals.machine_key("cpu", "cpu", "AMD EPYC 7B13 64-Core Processor", 2)
     assert key == "cpu-amd-epyc-7b13-64-core-processor-2cores"
     assert goals.machine_key("tpu", "TPU v5 lite", "", 13) == "tpu-tpu-v5-lite-13cores"
+
+
+def test_a_device_run_s_goal_values_reach_the_table_with_their_verdict(tmp_path):
+    """The values a recorded device run's chapters left, judged for that run's backend: a TPU
+    goal missed there says so; a CPU goal is not applicable to it."""
+    (tmp_path / "tpu").mkdir()
+    run = {"device": "TPU v5 lite", "backend": "tpu", "chapters": {
+        "07": {"date": "2026-12-06", "goals": {"fit_of_bare_epoch": 0.9, "validation_hook": 0.9}},
+        "11": {"date": "2026-12-05", "goals": {"step_bf16_of_ceiling": 0.61}},
+        "12": {"date": "2026-12-05"}}}  # fmt: skip
+    (tmp_path / "tpu" / "run.json").write_text(json.dumps(run))
+    devices = goals.device_measured(tmp_path)
+    assert devices["tpu"]["values"] == {
+        "fit_of_bare_epoch": 0.9, "validation_hook": 0.9, "step_bf16_of_ceiling": 0.61}
+    table = goals.goals_table({}, "cpu", {}, devices)
+    assert "device run on TPU v5 lite (tpu)" in table.splitlines()[0]
+    row = lambda key: next(line for line in table.splitlines() if goals.goal(key).what in line)
+    assert row("fit_of_bare_epoch").endswith("missed by 5.0% (90.0%), 2026-12-06 |")
+    assert row("step_bf16_of_ceiling").endswith("met (61.0%), 2026-12-05 |")
+    assert "not applicable here" in row("validation_hook").split("|")[-2]
+    assert row("decode_gqa_of_roofline").endswith("not recorded |")

@@ -66,7 +66,7 @@ class Goal:
 # kernels and tilings were tuned: any number of cores (a goal is missed on a 4-core runner as
 # on a 2-core one, and the record says how many cores were free). A TPU v5e chip, for chapter
 # 17's Pallas kernel: measured by the device run (`measure.kernel_sweep`), not `make bench`.
-APPLIES = {"cpu": "XLA's CPU backend", "tpu": "one TPU v5e chip (chapter 17's device run)"}
+APPLIES = {"cpu": "XLA's CPU backend", "tpu": "one TPU v5e chip (the device run)"}
 
 GOALS = (
     Goal("validation_hook", 7,
@@ -88,6 +88,25 @@ GOALS = (
          "the step at the goal size, tokens/s over PyTorch eager's, in a plain process (its "
          "PyTorch twin, CPU, float32; median of paired rounds, `make bench`)",
          1.0, at_least=True, percent=False, issue="issue 43"),
+    # Issue 43's goals for the chip: each measured by its chapter on every backend (so a CPU
+    # build shows its own value, not applicable) and recorded on the TPU by the device run
+    # (`device_measured`: the values a recorded chapter left)
+    Goal("fit_of_bare_epoch", 7,
+         "`fit` (no hook) at the loop's accelerator size: speed as a share of the bare compiled "
+         "epoch's (median of paired rounds)",
+         0.95, at_least=True, percent=True, issue="issue 43", backend="tpu"),
+    Goal("fit_over_python_loop", 7,
+         "the same `fit`: speed over a Python loop of jitted steps (median of paired rounds)",
+         8.0, at_least=True, percent=False, issue="issue 43", backend="tpu"),
+    Goal("decode_gqa_of_roofline", 10,
+         "a GQA decode step (K = N/4, bfloat16) at the longest cache: share of its roofline "
+         "(its weights' and cache's bytes at the read bandwidth measured beside it)",
+         0.70, at_least=True, percent=True, issue="issue 43", backend="tpu"),
+    Goal("step_bf16_of_ceiling", 11,
+         "the train step at `lm.speed` (about 100 M parameters on the chip, T ≥ 1024), "
+         "bfloat16 compute with float32 master weights: share of the bfloat16 matmul ceiling "
+         "measured beside it",
+         0.60, at_least=True, percent=True, issue="issue 43", backend="tpu"),
     Goal("pallas_forward_h128", 17,
          "the Pallas kernel, forward, full attention, T = 8192, H 128 (bfloat16, B 4, N 8): "
          "share of attention's ceiling measured beside it (its products 128 deep at a 128-deep "
@@ -229,9 +248,26 @@ def recorded(directory=BENCH_DIR) -> dict[str, dict]:
     }
 
 
-def goals_table(measured: dict, backend: str, records: dict[str, dict]) -> str:
+def device_measured(directory=_ROOT / "results") -> dict[str, dict]:
+    """The goal values the chapters of each recorded device run left (scripts/device_run.py
+    keeps each chapter's `note_measured` values in its entry of results/<backend>/run.json):
+    {backend: {"device", "values": {key: value}, "dates": {key: date}}}."""
+    runs = {}
+    for path in sorted(pathlib.Path(directory).glob("*/run.json")):
+        run = json.loads(path.read_text())
+        values, dates = {}, {}
+        for entry in run.get("chapters", {}).values():
+            for key, value in entry.get("goals", {}).items():
+                values[key], dates[key] = value, entry.get("date")
+        if values:
+            runs[run["backend"]] = {"device": run["device"], "values": values, "dates": dates}
+    return runs
+
+
+def goals_table(measured: dict, backend: str, records: dict[str, dict], devices=None) -> str:
     """Markdown: every goal, the value asked, where it applies, this build's verdict (from the
-    values the chapters measured in this build, `measured`), and each recorded machine's."""
+    values the chapters measured in this build, `measured`), each `make bench` record's, and
+    each device run's (`device_measured`)."""
     header = "| Chapter | Goal | Asked | Applies to | This build |"
     for key, record in records.items():
         facts = record.get("machine", {})
@@ -245,7 +281,10 @@ def goals_table(measured: dict, backend: str, records: dict[str, dict]) -> str:
             if text
         )
         header += f" `make bench` on {key}" + (f" ({when})" if when else "") + " |"
-    rule = "|" + " --- |" * (5 + len(records))
+    devices = devices or {}
+    for device_backend, run in devices.items():
+        header += f" device run on {run['device']} ({device_backend}) |"
+    rule = "|" + " --- |" * (5 + len(records) + len(devices))
     rows = []
     for g in GOALS:
         row = f"| {g.chapter} | {g.what} | {g.stated} | {APPLIES[g.backend]} | "
@@ -253,5 +292,9 @@ def goals_table(measured: dict, backend: str, records: dict[str, dict]) -> str:
         for record in records.values():
             cell = record.get("goals", {}).get(g.key)
             row += f" {cell['verdict'] if cell else 'not recorded'} |"
+        for device_backend, run in devices.items():
+            value = run["values"].get(g.key)
+            cell = "not recorded" if value is None else verdict(g, value, device_backend)
+            row += f" {cell}" + (f", {run['dates'][g.key]}" if value is not None else "") + " |"
         rows.append(row)
     return "\n".join([header, rule, *rows])
