@@ -311,6 +311,7 @@ def run(
             result = {"status": "error", "detail": repr(error)[:800]}
         record["stages"][stage] = {**result, "seconds": round(time.perf_counter() - began, 1)}
         (out / "run.json").write_text(json.dumps(record, indent=1))
+    shutil.rmtree(out / "goals", ignore_errors=True)  # each chapter's values are in its entry
     if (out / "notebooks").is_dir():
         with tarfile.open(out / "notebooks.tar.gz", "w:gz") as tar:
             tar.add(out / "notebooks", arcname="notebooks")
