@@ -148,8 +148,10 @@ def test_fit_against_bare_epoch_counts_the_steps_of_both(digits, key):
         key, params, optimizer.init(params), step, digits.train, batch_size=300, epochs=2, rounds=1
     )
     assert out["steps"] == 2 * (digits.train.x.shape[0] // 300)
-    assert out["fit"] > 0 and out["bare epoch"] > 0
+    assert out["fit"] > 0 and out["bare epoch"] > 0 and out["python loop"] > 0
     assert out["bare_over_fit"] == pytest.approx(out["bare epoch"] / out["fit"])  # one round
+    assert out["python_over_fit"] == pytest.approx(out["python loop"] / out["fit"])
+    assert 0 < out["dispatch"] < out["python loop"]  # one step's call, of the loop's many
     assert not params["dense_0"]["w"].is_deleted()  # copies were donated, not the caller's
 
 

@@ -75,7 +75,7 @@ class AttentionSizes:
     decode_cache_lengths: tuple[int, ...]  # S of the decode sweep
     decode_batch: int  # B of the decode sweep
     decode_dtype: str
-    decode_heads: int  # N of the decode sweep: K = N, N // 8, 1 read 1, 1/8, 1/N of MHA's bytes
+    decode_heads: int  # N of the decode sweep: K = N, N // 4, 1 read 1, 1/4, 1/N of MHA's bytes
     decode_steps: int  # decode steps per timed call, so per-call overhead is spread thin
 
 

@@ -16,7 +16,7 @@ from jaxloops.loop import fit, make_epoch, python_loop, unstack
 from jaxloops.measure.compiled import lowered_flops
 from jaxloops.measure.profile import HOST_WORK
 from jaxloops.measure.roofline import CEILING_MARGIN, samples_beside_ceiling
-from jaxloops.measure.timing import interleaved_samples, paired_ratio, time_call
+from jaxloops.measure.timing import interleaved_samples, paired_ratio, time_call, time_dispatch
 
 
 def random_batches(
@@ -380,33 +380,43 @@ def turns_verdict(
 def fit_against_bare_epoch(
     key, params, opt_state, train_step, data: Batch, *, batch_size: int, epochs: int, rounds: int
 ) -> dict[str, float]:
-    """Seconds of `fit` and of the same jitted epoch driven directly from Python, reshuffling
-    included, each compiled beforehand (median of `rounds`, taken in turn), and
-    "bare_over_fit": the median over rounds of the bare epoch's time over fit's in the round.
+    """Seconds of `fit`, of the same jitted epoch driven directly from Python (reshuffling
+    included), and of a Python loop of the jitted step (`python_loop`, never fetching, over
+    the same epochs' batches split beforehand, outside the clock), each compiled beforehand
+    (median of `rounds`, taken in turn); "bare_over_fit" and "python_over_fit": the median
+    over rounds of that run's time over fit's in the round; "dispatch": seconds until one
+    call of the jitted step returns (`time_dispatch`), the Python loop's cost per step where
+    the device is faster than the host.
 
     All start from fresh copies of `params` and `opt_state` (fit donates what it is given).
     """
     copies = lambda: jax.tree.map(jnp.copy, (params, opt_state))
     epoch = jax.jit(make_epoch(train_step), donate_argnums=(0, 1))
+    step = jax.jit(train_step, donate_argnums=(0, 1))
+    shuffled = lambda e: epoch_batches(jax.random.fold_in(key, e), data, batch_size)  # (steps, B, ...)
+    one_by_one = [batch for e in range(epochs) for batch in unstack(shuffled(e))]
 
     def bare():
         p, s = copies()
         for e in range(epochs):
-            batches = epoch_batches(jax.random.fold_in(key, e), data, batch_size)  # (steps, B, ...)
-            p, s, _ = epoch(p, s, batches)
+            p, s, _ = epoch(p, s, shuffled(e))
         return p
 
     def through_fit():
         return fit(key, *copies(), train_step, data, batch_size=batch_size, epochs=epochs)[0]
 
-    runs = {
-        "fit": through_fit,
-        "bare epoch": bare,
-    }
+    def loop():
+        return python_loop(step, *copies(), one_by_one, log_every=None)[0]
+
+    runs = {"fit": through_fit, "bare epoch": bare, "python loop": loop}
     samples = interleaved_samples(runs, rounds)
     seconds = {name: statistics.median(times) for name, times in samples.items()}
     seconds["bare_over_fit"] = paired_ratio(samples["bare epoch"], samples["fit"])
+    seconds["python_over_fit"] = paired_ratio(samples["python loop"], samples["fit"])
     seconds["steps"] = epochs * (data.x.shape[0] // batch_size)
+    seconds["dispatch"] = time_dispatch(
+        jax.jit(train_step), *copies(), one_by_one[0], repeats=max(rounds, 7)
+    )
     return seconds
 
 
