@@ -53,9 +53,11 @@ nbclient ipykernel markdown-it-py mdit-py-plugins pyyaml docutils""".split()
 # orbax-checkpoint 0.12.8 (the index has 0.12.4) replaces the index's after it.
 CARRIED = """grain==0.2.18 array-record==0.8.6 portpicker==1.6.0 jupytext==1.19.6 myst-nb==1.4.0
 orbax-checkpoint==0.12.8""".split()
-# Issue 41: each chapter should take <= 90 s on the chip; one that runs on is stopped at 150 s
-# (its later cells recorded as not run), so that one chapter cannot spend a whole run.
-CHAPTER_LIMIT = 150
+# Issue 41: each chapter should take <= 90 s on the chip (device_records.TARGET_SECONDS; the
+# book marks a record over it). One that runs on is stopped at 240 s, its later cells recorded
+# as not run, so that one chapter cannot spend a whole 10-minute command; at 150 s, chapters
+# 11, 14 and 15 were stopped before their last sections and left nothing to measure them by.
+CHAPTER_LIMIT = 240
 
 
 def environment() -> dict:

@@ -206,3 +206,9 @@ def test_an_unknown_stage_is_recorded_as_an_error_naming_it(tree, monkeypatch):
     assert device_run.run(tree / "out", ["kernel"], budget=60, only=[]) == 1
     stage = json.loads((tree / "out" / "run.json").read_text())["stages"]["kernel"]
     assert stage["status"] == "error" and "unknown stage 'kernel'" in stage["detail"]
+
+
+def test_a_record_over_the_chapter_target_says_so():
+    assert device_records._seconds(42.4) == "42"
+    assert device_records._seconds(95.2) == f"95 (over the {device_records.TARGET_SECONDS} s target)"
+    assert device_records._seconds(None) == ""

@@ -269,6 +269,19 @@ def _output_nodes(directive, output):
     return []
 
 
+# Issue 41: each chapter should take at most this long on the chip (scripts/device_run.py
+# stops one later, at its CHAPTER_LIMIT, so that one chapter cannot spend a whole command)
+TARGET_SECONDS = 90
+
+
+def _seconds(seconds: float | None) -> str:
+    """A record's seconds, and whether they are over the target."""
+    if not seconds:
+        return ""
+    over = f" (over the {TARGET_SECONDS} s target)" if seconds > TARGET_SECONDS else ""
+    return f"{seconds:.0f}{over}"
+
+
 def _run_nodes(directive, device):
     from docutils import nodes
 
@@ -288,7 +301,7 @@ def _run_nodes(directive, device):
             (
                 chapter.stem,
                 entry["status"] + (f" (cells {cells})" if cells else ""),
-                f"{entry['seconds']:.0f}" if entry["seconds"] else "",
+                _seconds(entry["seconds"]),
                 entry.get("date", ""),
                 f"stale: {len(stale)} files changed" if stale else "current",
             )
