@@ -59,3 +59,24 @@ def test_square_against_ceiling_keeps_a_ceiling_it_does_not_beat():
     roof = Roofline("test", 1e9, (1e9,), 1e8, (1e8,), 8, 4)
     kept, fraction, note = page.square_against_ceiling(0.5e9, roof)
     assert kept is roof and fraction == 0.5 and note == ""
+
+
+def test_memory_rows_count_a_refused_program_and_say_so():
+    refused = {"temp_bytes": int(18.13 * 2**30), "available_bytes": int(15.75 * 2**30),
+               "memory": "HBM", "error": "RESOURCE_EXHAUSTED: ..."}  # fmt: skip
+
+    def scratch(fn, grad):  # a TPU v5e at T = 16384: plain jax.grad of the walk refused
+        if fn == "plain" and grad:
+            return {"temp_bytes": refused["temp_bytes"], "refused": refused}
+        return {"temp_bytes": {"naive": 8, "vjp": 1, "plain": 1}[fn] * 2**30, "refused": None}
+
+    memory = page.memory_rows({"naive": "naive", "custom VJP": "vjp", "plain grad": "plain"},
+                              scratch)  # fmt: skip
+    assert [row["fits"] for row in memory[:2]] == ["yes", "yes"]
+    assert memory[2]["fits"] == "no: grad refused, 18.13 GiB asked of 15.75"
+    assert memory[2]["grad"] == refused["temp_bytes"] / 2**20 and memory[2]["forward"] == 1024
+    figures = page.grad_memory_figures(memory, 1, 8, 16384)
+    assert round(figures["plain_scores_copies"], 2) == 2.27  # 18.13 GiB of 8 GiB scores
+    note = page.refused_note(memory)
+    assert '"plain grad" (its gradient) asks for 18.13 GiB' in note and "15.75 GiB of HBM" in note
+    assert page.refused_note(memory[:2]) == "Every one of these programs compiled on this device."

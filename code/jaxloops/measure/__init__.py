@@ -38,6 +38,7 @@ from jaxloops.measure.profile import (
     trace_spans,
     wait_count,
 )
+from jaxloops.measure.refusals import refused_for_memory, scratch_or_refusal
 from jaxloops.measure.roofline import (
     CEILING_MARGIN,
     Roofline,
@@ -150,6 +151,7 @@ __all__ = (
     "random_cache",
     "random_qkv",
     "reference_attention",
+    "refused_for_memory",
     "roofline",
     "Roofline",
     "rounds_needed",
@@ -158,6 +160,7 @@ __all__ = (
     "samples_beside_ceiling",
     "scan_throughput",
     "scan_throughputs",
+    "scratch_or_refusal",
     "softmax_without_exp",
     "Span",
     "spin_iterations",

@@ -154,3 +154,50 @@ def grad_memory_figures(memory: list[dict], batch: int, heads: int, length: int)
         "naive_fwd_mib": float(naive["forward"]),
         "block_fwd_mib": float(block["forward"]),
     }
+
+
+def memory_rows(programs: dict, scratch) -> list[dict]:
+    """One row per implementation ({name: attention function}, in order) of the forward and
+    `jax.grad` scratch in MiB; `scratch(fn, grad)` returns `measure.scratch_or_refusal`'s
+    dict. A program the backend refused to compile for want of memory (XLA:TPU, a program
+    larger than the chip) counts the temporaries its refusal names, and "fits" says so."""
+    rows = []
+    for name, fn in programs.items():
+        forward, grad = scratch(fn, False), scratch(fn, True)
+        refused = {k: s["refused"] for k, s in (("forward", forward), ("grad", grad))
+                   if s["refused"]}  # fmt: skip
+        fits = "yes"
+        if refused:
+            fits = "no: " + "; ".join(
+                f"{k} refused, {r['temp_bytes'] / 2**30:.2f} GiB asked of "
+                f"{r['available_bytes'] / 2**30:.2f}"
+                for k, r in refused.items()
+            )
+        rows.append({
+            "implementation": name,
+            "forward": forward["temp_bytes"] / MiB,
+            "grad": grad["temp_bytes"] / MiB,
+            "fits": fits,
+            "refused": refused,
+        })  # fmt: skip
+    return rows
+
+
+def refused_note(memory: list[dict]) -> str:
+    """The sentences on the programs of `memory_rows` that did not compile for want of memory
+    (none on a CPU)."""
+    refused = [(row["implementation"], kind, r) for row in memory
+               for kind, r in row["refused"].items()]  # fmt: skip
+    if not refused:
+        return "Every one of these programs compiled on this device."
+    said = "; ".join(
+        f'"{name}" ({"its gradient" if kind == "grad" else "its forward pass"}) asks for '
+        f"{r['temp_bytes'] / 2**30:.2f} GiB of temporaries, and the device has "
+        f"{r['available_bytes'] / 2**30:.2f} GiB of {r['memory']}"
+        for name, kind, r in refused
+    )
+    return (
+        f"On this device the compiler refused to build what does not fit: {said}, so it "
+        f"cannot run here at all. The table and the figures above count the temporaries the "
+        f"refusal names (the compiler's own count, to 0.01 GiB)."
+    )
