@@ -22,6 +22,8 @@ def test_bad_sizes_raise():
         step_speed.step_programs((1, 8, 2), jax.random.key(0))
     with pytest.raises(ValueError, match="seven positive ints"):
         step_speed.step_programs((1, 8, 2, 1, 12, 0, 3), jax.random.key(0))
+    with pytest.raises(ValueError, match=r"names must include 'step' .* got \('forward',\)"):
+        step_speed.step_programs(TINY, jax.random.key(0), names=("forward",))
 
 
 def test_rates_are_consistent_with_their_seconds(programs):
@@ -32,6 +34,23 @@ def test_rates_are_consistent_with_their_seconds(programs):
     assert row["of_ceiling"] == pytest.approx(row["flops_per_s"] / row["ceiling"])
     ratio = row["seconds"]["gradient"] / row["seconds"]["forward"]
     assert row["gradient_over_forward"] == pytest.approx(ratio)
+
+
+def test_the_bf16_step_computes_in_bfloat16_and_keeps_float32_weights(programs):
+    """The policy changes the compiled program (bfloat16 matmuls), not the state: the step
+    returns float32 parameters, and its loss is the float32 one's to bfloat16's rounding."""
+    narrow = step_speed.step_programs(TINY, jax.random.key(0), compute=jnp.bfloat16, names=("step",))
+    assert set(narrow) == {"step", "tokens", "step_flops"}
+    assert "bf16" in narrow["step"][0].as_text()  # (a TPU may also show bf16 in the float32 one)
+    params, _, metrics = narrow["step"][0](*narrow["step"][1])
+    assert {a.dtype for a in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+    wide_loss = programs["step"][0](*programs["step"][1])[2]["loss"]
+    assert float(metrics["loss"]) == pytest.approx(float(wide_loss), rel=2**-6)
+    row = step_speed.precision_rates(programs, narrow, rounds=3)
+    assert row["speedup_low"] <= row["speedup"] <= row["speedup_high"]
+    for kind in ("float32", "bfloat16"):
+        rate = row["flops"][kind] / row["seconds"][kind]
+        assert row["of_ceiling"][kind] == pytest.approx(rate / row["ceilings"][kind])
 
 
 def test_the_breakdown_groups_every_matmul_of_the_step(programs):

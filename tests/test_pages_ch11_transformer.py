@@ -178,3 +178,25 @@ def test_the_goal_findings_check_the_ceiling_and_state_each_goal_as_set():
     for backend in ("cpu", "tpu"):
         assert len(page.goal_findings({**goal, "of_ceiling": 1.1}, "Here", backend)[0]) == 1
     assert "not applicable here" in page.goal_findings(goal, "Here", "tpu")[1]
+
+
+def test_the_bf16_prediction_scales_matmul_time_by_the_ceilings_and_the_rest_by_bytes():
+    """Half the time in matmuls at equal ceilings, the other kernels moving half the bytes:
+    the step takes 0.75 of its time, a speed-up of 4/3; a known-wrong bytes ratio (the
+    float32 program against itself) predicts 1 and falls outside rounds of 1.25 to 1.45."""
+    from jaxloops.measure.breakdown import Kernel
+
+    kernel = lambda flops, size: Kernel("k", "fusion", "", (), "", flops, size)
+    wide = [kernel(1e9, 100.0), kernel(0.0, 400.0), kernel(0.0, 400.0)]
+    narrow = [kernel(1e9, 50.0), kernel(0.0, 200.0), kernel(0.0, 200.0)]
+    rates = {"ceilings": {"float32": 2e12, "bfloat16": 2e12}, "speedup": 1.3,
+             "speedup_low": 1.25, "speedup_high": 1.45,
+             "of_ceiling": {"float32": 0.4, "bfloat16": 0.5},
+             "tokens_per_s": {"float32": 1.0, "bfloat16": 1.3}}  # fmt: skip
+    right = page.precision_prediction(0.5, rates, wide, narrow)
+    assert right["bytes_ratio"] == 0.5 and right["speedup_predicted"] == pytest.approx(4 / 3)
+    assert page.within_rounds(right, 0.1)
+    wrong = page.precision_prediction(0.5, rates, wide, wide)
+    assert wrong["speedup_predicted"] == 1.0 and not page.within_rounds(wrong, 0.1)
+    with pytest.raises(ValueError, match="matmul_share must be in"):
+        page.precision_prediction(1.5, rates, wide, narrow)

@@ -23,6 +23,7 @@ import tempfile
 import time
 
 import jax
+import jax.numpy as jnp
 
 from jaxloops import processes
 from jaxloops.attention import attention
@@ -31,7 +32,8 @@ from jaxloops.data import Batch
 from jaxloops.measure import breakdown
 from jaxloops.measure.compiled import lowered_flops
 from jaxloops.measure.roofline import roofline, samples_beside_ceiling
-from jaxloops.measure.timing import interleaved_samples
+from jaxloops.measure.timing import interleaved_samples, paired_ratio
+from jaxloops.precision import compute_in
 from jaxloops.text import VOCAB_SIZE
 from jaxloops.train import make_optimizer, make_train_step
 from jaxloops.transformer import TransformerConfig, init_transformer, transformer_loss
@@ -50,10 +52,14 @@ ALLOCATORS = {
 _THP = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
-def step_programs(sizes: tuple[int, ...], key: jax.Array, attend=attention) -> dict:
+def step_programs(
+    sizes: tuple[int, ...], key: jax.Array, attend=attention, compute=None, names=PROGRAMS
+) -> dict:
     """The compiled forward loss, value-and-gradient and AdamW train step of a transformer of
     `sizes` on one batch of random tokens, with their arguments; `attend` is every block's
-    attention (`transformer_loss`).
+    attention (`transformer_loss`); `compute` a 16-bit dtype to compute in, the parameters
+    and AdamW's state kept in float32 (`precision.compute_in`, chapter 14's policy), or None;
+    `names` the programs to compile (each is a long compile at a chip's sizes), "step" among them.
 
     Returns:
       {"forward", "gradient", "step": (compiled, args)}, "tokens": B T per step, and
@@ -61,6 +67,8 @@ def step_programs(sizes: tuple[int, ...], key: jax.Array, attend=attention) -> d
     """
     if len(sizes) != 7 or min(sizes) < 1:
         raise ValueError(f"sizes must be seven positive ints (L, D, N, K, F, T, B), got {sizes}")
+    if "step" not in names or not set(names) <= set(PROGRAMS):
+        raise ValueError(f"names must include 'step' and be among {PROGRAMS}, got {names}")
     L, D, N, K, F, T, B = sizes
     config = TransformerConfig(VOCAB_SIZE, L, D, N, K, F, T)
     init_key, data_key = jax.random.split(key)
@@ -70,15 +78,19 @@ def step_programs(sizes: tuple[int, ...], key: jax.Array, attend=attention) -> d
     optimizer = make_optimizer(1e-3, 0.1)
     opt_state = optimizer.init(params)
 
-    def loss(params, batch):
-        return transformer_loss(params, batch, attend)[0]
-
     train_loss = functools.partial(transformer_loss, attend=attend)
+    if compute is not None:
+        train_loss = compute_in(train_loss, compute)
+
+    def loss(params, batch):
+        return train_loss(params, batch)[0]
+
     programs = {
         "forward": (jax.jit(loss), (params, batch)),
         "gradient": (jax.jit(jax.value_and_grad(loss)), (params, batch)),
         "step": (jax.jit(make_train_step(train_loss, optimizer)), (params, opt_state, batch)),
     }
+    programs = {name: programs[name] for name in names}
     lowered = {name: fn.lower(*args) for name, (fn, args) in programs.items()}
     compiled = {name: (lowered[name].compile(), programs[name][1]) for name in programs}
     flops = lowered_flops(lowered["step"], compiled["step"][0])
@@ -107,6 +119,47 @@ def step_rates(programs: dict, rounds: int) -> dict:
         "of_ceiling": rate / roof.flops_per_s,
         "gradient_over_forward": seconds["gradient"] / seconds["forward"],
     }
+
+
+def precision_rates(wide: dict, narrow: dict, rounds: int) -> dict:
+    """The train steps of two `step_programs` of one size, float32 (`wide`) and computed in
+    bfloat16 (`narrow`), timed in turn with a float32 and a bfloat16 matmul of the roofline's
+    size: each step's rate against its own precision's matmul ceiling, sampled beside it.
+
+    Returns:
+      {"seconds": {"float32", "bfloat16"}: median step seconds, "speedup": float32 time over
+       bfloat16 time (median of paired rounds; "speedup_low", "speedup_high": the least and
+       the most of the rounds), "ceilings": {"float32", "bfloat16"}: FLOP/s,
+       best sample, "of_ceiling": {...}: each step's FLOP/s over its ceiling, "flops": each
+       step's FLOPs, "tokens_per_s": {...}}.
+    """
+    n = roofline().matmul_size
+    a, b = (jax.random.normal(k, (n, n)) for k in jax.random.split(jax.random.key(2)))
+    a16, b16 = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+    runs = {
+        "float32": lambda: wide["step"][0](*wide["step"][1]),
+        "bfloat16": lambda: narrow["step"][0](*narrow["step"][1]),
+        "matmul float32": lambda: _MATMUL(a, b),
+        "matmul bfloat16": lambda: _MATMUL(a16, b16),
+    }
+    samples = interleaved_samples(runs, rounds)
+    ceilings = {k: 2.0 * n**3 / min(samples[f"matmul {k}"]) for k in ("float32", "bfloat16")}
+    seconds = {k: statistics.median(samples[k]) for k in ("float32", "bfloat16")}
+    flops = {"float32": wide["step_flops"], "bfloat16": narrow["step_flops"]}
+    per_round = [w / n for w, n in zip(samples["float32"], samples["bfloat16"])]
+    return {
+        "seconds": seconds,
+        "speedup": paired_ratio(samples["float32"], samples["bfloat16"]),
+        "speedup_low": min(per_round),
+        "speedup_high": max(per_round),
+        "ceilings": ceilings,
+        "of_ceiling": {k: flops[k] / seconds[k] / ceilings[k] for k in seconds},
+        "flops": flops,
+        "tokens_per_s": {k: wide["tokens"] / seconds[k] for k in seconds},
+    }
+
+
+_MATMUL = jax.jit(jnp.matmul)  # either precision's ceiling: one program per dtype
 
 
 def step_seconds(programs: dict[str, dict], rounds: int) -> dict[str, float]:

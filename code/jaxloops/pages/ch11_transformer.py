@@ -306,3 +306,40 @@ def goal_findings(goal: dict, where: str, backend: str):
         )
     )
     return failed(claims), f"{measured} {stated}"
+
+
+def precision_prediction(matmul_share: float, rates: dict, wide_kernels, narrow_kernels) -> dict:
+    """Chapter 11's prediction for the step in bfloat16, from the float32 step's breakdown:
+    its matmul kernels' share of the traced time runs at the ratio of the two matmul
+    ceilings measured beside the steps; the rest moves the bytes the bfloat16 program's other
+    kernels move (`breakdown.kernels_of`, the compiler's count) against the float32 one's.
+    Both programs' kernels are read from their HLO; nothing is timed here."""
+    if not 0 <= matmul_share <= 1:
+        raise ValueError(f"matmul_share must be in [0, 1], got {matmul_share}")
+    moved = lambda kernels: sum(k.bytes for k in kernels if not k.flops)
+    bytes_ratio = moved(narrow_kernels) / moved(wide_kernels)
+    ceiling_ratio = rates["ceilings"]["float32"] / rates["ceilings"]["bfloat16"]
+    time_ratio = matmul_share * ceiling_ratio + (1 - matmul_share) * bytes_ratio
+    return {
+        "bytes_ratio": bytes_ratio,
+        "ceiling_ratio": ceiling_ratio,
+        "speedup_predicted": 1 / time_ratio,
+        "speedup": rates["speedup"],
+        "speedup_low": rates["speedup_low"],
+        "speedup_high": rates["speedup_high"],
+        "measured_over_predicted": rates["speedup"] * time_ratio,
+        "of_bf16_ceiling": rates["of_ceiling"]["bfloat16"],
+        "of_f32_ceiling": rates["of_ceiling"]["float32"],
+        "bf16_tokens_per_s": rates["tokens_per_s"]["bfloat16"],
+        "f32_tokens_per_s": rates["tokens_per_s"]["float32"],
+        "bf16_ceiling": rates["ceilings"]["bfloat16"],
+        "f32_ceiling": rates["ceilings"]["float32"],
+    }
+
+
+def within_rounds(figures: dict, margin: float) -> bool:
+    """Chapter 11's claim for the bfloat16 step: its predicted speed-up lies within the
+    paired rounds' own spread (the least and the most round), widened by `margin` either
+    way, so a busy machine's rounds widen what is accepted and a quiet one's narrow it."""
+    low, high = figures["speedup_low"] / (1 + margin), figures["speedup_high"] * (1 + margin)
+    return low <= figures["speedup_predicted"] <= high
