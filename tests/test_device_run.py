@@ -212,3 +212,13 @@ def test_a_record_over_the_chapter_target_says_so():
     assert device_records._seconds(42.4) == "42"
     assert device_records._seconds(95.2) == f"95 (over the {device_records.TARGET_SECONDS} s target)"
     assert device_records._seconds(None) == ""
+
+
+def test_a_module_s_comments_and_docstrings_do_not_stale_a_record(tree):
+    chapter, timing = tree / "book" / "02_two.md", tree / "code" / "jaxloops" / "measure" / "timing.py"
+    timing.write_text('"""Timing."""\n\ndef f():\n    """Doc."""\n    return 1  # one\n')
+    recorded = device_records.manifest(chapter)
+    timing.write_text('"""Timing, said otherwise."""\n\n\ndef f():\n    """Other."""\n    return 1\n')
+    assert device_records.changed(recorded) == []
+    timing.write_text('"""Timing."""\n\ndef f():\n    """Doc."""\n    return 2  # one\n')
+    assert device_records.changed(recorded) == ["code/jaxloops/measure/timing.py"]

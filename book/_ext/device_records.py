@@ -171,15 +171,32 @@ def code_cells(chapter: pathlib.Path) -> str:
     return "\n".join(cells)
 
 
+def code_hash(source: str) -> str:
+    """SHA-256 of what a Python module runs: its syntax tree without docstrings, so an edit
+    to a comment, a docstring or the layout leaves a record current, and any other does not."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
 def manifest(chapter: pathlib.Path) -> dict[str, str]:
     """{path relative to the repository: SHA-256} of a chapter's code cells and of the package
-    files it imports. A prose edit leaves a record current; an edit to the code it ran does
-    not."""
+    files whose code it runs (`code_hash`). A prose edit leaves a record current, and so does
+    an edit to a module's comments or docstrings; an edit to the code it ran does not."""
     chapter, code = chapter.resolve(), code_cells(chapter)
     python = "\n".join(line for line in code.splitlines() if not line.startswith(("%", "!")))
     entries = {str(chapter.relative_to(ROOT)): hashlib.sha256(code.encode()).hexdigest()}
     for path in package_files(python):
-        entries[str(path.relative_to(ROOT))] = hashlib.sha256(path.read_bytes()).hexdigest()
+        entries[str(path.relative_to(ROOT))] = code_hash(path.read_text())
     return entries
 
 
