@@ -103,6 +103,15 @@ def describe() -> dict:
     return {**json.loads(probe.stdout.splitlines()[-1]), "date": datetime.date.today().isoformat()}
 
 
+def _reason(element) -> str:
+    """A JUnit failure's, error's or skip's reason: its message, or, for a module skipped at
+    collection (message "collection skipped"), the reason pytest wrote in its text."""
+    message = element.get("message") or ""
+    if message == "collection skipped" and "Skipped: " in (element.text or ""):
+        return element.text.split("Skipped: ", 1)[1].rstrip("')\" ")
+    return message
+
+
 def test_summary(junit: pathlib.Path) -> dict:
     """Counts, and each failure, error and skip with its reason, from a JUnit report."""
     suite = ET.parse(junit).getroot()
@@ -111,8 +120,7 @@ def test_summary(junit: pathlib.Path) -> dict:
     summary["seconds"] = float(suite.get("time", 0))
     for kind in ("failure", "error", "skipped"):
         summary[f"{kind} list"] = sorted(
-            f"{case.get('classname')}::{case.get('name')}: "
-            + (case.find(kind).get("message") or "")[:300]
+            f"{case.get('classname')}::{case.get('name')}: " + _reason(case.find(kind))[:300]
             for case in suite.iter("testcase")
             if case.find(kind) is not None
         )

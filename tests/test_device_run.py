@@ -124,17 +124,19 @@ failures="1" skipped="1" tests="4" time="12.5"><testcase classname="tests.test_a
 <testcase classname="tests.test_a" name="test_bad"><failure message="assert 1 == 2">x</failure>
 </testcase><testcase classname="tests.test_b" name="test_err"><error message="boom">y</error>
 </testcase><testcase classname="tests.test_b" name="test_skip"><skipped message="needs TCP"/>
-</testcase></testsuite></testsuites>"""
+</testcase><testcase classname="" name="tests.test_c"><skipped message="collection skipped">('/r/tests/test_c.py', 11, 'Skipped: torch is for make bench only')</skipped></testcase>
+</testsuite></testsuites>"""
 
 
 def test_the_test_summary_lists_each_failure_error_and_skip_with_its_reason(tmp_path):
     (tmp_path / "junit.xml").write_text(JUNIT)
     summary = device_run.test_summary(tmp_path / "junit.xml")
     assert {k: summary[k] for k in ("tests", "failures", "errors", "skipped")} == {
-        "tests": 4, "failures": 1, "errors": 1, "skipped": 1}  # fmt: skip
+        "tests": 4, "failures": 1, "errors": 1, "skipped": 1}  # fmt: skip (the suite's counts)
     assert summary["failure list"] == ["tests.test_a::test_bad: assert 1 == 2"]
     assert summary["error list"] == ["tests.test_b::test_err: boom"]
-    assert summary["skipped list"] == ["tests.test_b::test_skip: needs TCP"]
+    assert summary["skipped list"] == [  # a module skipped at collection: its reason, not pytest's
+        "::tests.test_c: torch is for make bench only", "tests.test_b::test_skip: needs TCP"]
 
 
 def test_recording_a_run_replaces_the_chapters_it_ran_and_keeps_the_rest(tree):
