@@ -247,7 +247,6 @@ def execute(out: pathlib.Path, paths: list[str], limit: float) -> None:
 
     import run_chapter
     from in_process import execute as run_cells
-
     from jaxloops.pages import goals
 
     (out / "notebooks").mkdir(exist_ok=True)

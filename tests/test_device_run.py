@@ -66,8 +66,9 @@ def test_the_manifest_holds_the_code_and_every_module_it_uses(tree):
 def test_a_name_imported_through_a_package_counts_the_module_that_defines_it(tree):
     package = tree / "code" / "jaxloops"
     (package / "__init__.py").write_text(
-        "from jaxloops import data\nfrom jaxloops.data import X as Y\nfrom jaxloops.unused import U\n"
-        "import importlib\ndef __getattr__(name):\n    return importlib.import_module('jaxloops.lazy')\n"
+        "from jaxloops import data\nfrom jaxloops.data import X as Y\n"
+        "from jaxloops.unused import U\nimport importlib\n"
+        "def __getattr__(name):\n    return importlib.import_module('jaxloops.lazy')\n"
     )
     (package / "lazy.py").write_text("Z = 1\n")
     (package / "measure" / "__init__.py").write_text("from jaxloops.measure.timing import T\n")
@@ -124,7 +125,9 @@ failures="1" skipped="1" tests="4" time="12.5"><testcase classname="tests.test_a
 <testcase classname="tests.test_a" name="test_bad"><failure message="assert 1 == 2">x</failure>
 </testcase><testcase classname="tests.test_b" name="test_err"><error message="boom">y</error>
 </testcase><testcase classname="tests.test_b" name="test_skip"><skipped message="needs TCP"/>
-</testcase><testcase classname="" name="tests.test_c"><skipped message="collection skipped">('/r/tests/test_c.py', 11, 'Skipped: torch is for make bench only')</skipped></testcase>
+</testcase><testcase classname="" name="tests.test_c">
+<skipped message="collection skipped">('/t.py', 1, 'Skipped: torch for make bench')</skipped>
+</testcase>
 </testsuite></testsuites>"""
 
 
@@ -132,11 +135,17 @@ def test_the_test_summary_lists_each_failure_error_and_skip_with_its_reason(tmp_
     (tmp_path / "junit.xml").write_text(JUNIT)
     summary = device_run.test_summary(tmp_path / "junit.xml")
     assert {k: summary[k] for k in ("tests", "failures", "errors", "skipped")} == {
-        "tests": 4, "failures": 1, "errors": 1, "skipped": 1}  # fmt: skip (the suite's counts)
+        "tests": 4,
+        "failures": 1,
+        "errors": 1,
+        "skipped": 1,
+    }  # fmt: skip (the suite's counts)
     assert summary["failure list"] == ["tests.test_a::test_bad: assert 1 == 2"]
     assert summary["error list"] == ["tests.test_b::test_err: boom"]
     assert summary["skipped list"] == [  # a module skipped at collection: its reason, not pytest's
-        "::tests.test_c: torch is for make bench only", "tests.test_b::test_skip: needs TCP"]
+        "::tests.test_c: torch for make bench",
+        "tests.test_b::test_skip: needs TCP",
+    ]
 
 
 def test_recording_a_run_replaces_the_chapters_it_ran_and_keeps_the_rest(tree):
@@ -212,15 +221,17 @@ def test_an_unknown_stage_is_recorded_as_an_error_naming_it(tree, monkeypatch):
 
 def test_a_record_over_the_chapter_target_says_so():
     assert device_records._seconds(42.4) == "42"
-    assert device_records._seconds(95.2) == f"95 (over the {device_records.TARGET_SECONDS} s target)"
+    target = device_records.TARGET_SECONDS
+    assert device_records._seconds(95.2) == f"95 (over the {target} s target)"
     assert device_records._seconds(None) == ""
 
 
 def test_a_module_s_comments_and_docstrings_do_not_stale_a_record(tree):
-    chapter, timing = tree / "book" / "02_two.md", tree / "code" / "jaxloops" / "measure" / "timing.py"
+    chapter = tree / "book" / "02_two.md"
+    timing = tree / "code" / "jaxloops" / "measure" / "timing.py"
     timing.write_text('"""Timing."""\n\ndef f():\n    """Doc."""\n    return 1  # one\n')
     recorded = device_records.manifest(chapter)
-    timing.write_text('"""Timing, said otherwise."""\n\n\ndef f():\n    """Other."""\n    return 1\n')
+    timing.write_text('"""Timing, again."""\n\n\ndef f():\n    """Other."""\n    return 1\n')
     assert device_records.changed(recorded) == []
     timing.write_text('"""Timing."""\n\ndef f():\n    """Doc."""\n    return 2  # one\n')
     assert device_records.changed(recorded) == ["code/jaxloops/measure/timing.py"]

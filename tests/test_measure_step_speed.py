@@ -39,7 +39,9 @@ def test_rates_are_consistent_with_their_seconds(programs):
 def test_the_bf16_step_computes_in_bfloat16_and_keeps_float32_weights(programs):
     """The policy changes the compiled program (bfloat16 matmuls), not the state: the step
     returns float32 parameters, and its loss is the float32 one's to bfloat16's rounding."""
-    narrow = step_speed.step_programs(TINY, jax.random.key(0), compute=jnp.bfloat16, names=("step",))
+    narrow = step_speed.step_programs(
+        TINY, jax.random.key(0), compute=jnp.bfloat16, names=("step",)
+    )
     assert set(narrow) == {"step", "tokens", "step_flops"}
     assert "bf16" in narrow["step"][0].as_text()  # (a TPU may also show bf16 in the float32 one)
     params, _, metrics = narrow["step"][0](*narrow["step"][1])

@@ -393,7 +393,8 @@ def fit_against_bare_epoch(
     copies = lambda: jax.tree.map(jnp.copy, (params, opt_state))
     epoch = jax.jit(make_epoch(train_step), donate_argnums=(0, 1))
     step = jax.jit(train_step, donate_argnums=(0, 1))
-    shuffled = lambda e: epoch_batches(jax.random.fold_in(key, e), data, batch_size)  # (steps, B, ...)
+    # each epoch's batches, reshuffled: (steps, B, ...)
+    shuffled = lambda e: epoch_batches(jax.random.fold_in(key, e), data, batch_size)
     one_by_one = [batch for e in range(epochs) for batch in unstack(shuffled(e))]
 
     def bare():
