@@ -49,6 +49,20 @@ def test_the_guess_is_asked_again_with_the_probes_so_far():
     assert list(probes) == [3, 4, 9, 10]  # each guess with its neighbour
 
 
+def test_the_line_through_two_compiled_sizes_predicts_the_boundary():
+    # Two sizes on a line of bytes, on one side of the budget or on both: its boundary.
+    assert fit.line_guess({3: line(3), 4: line(4)}, 100) == 9
+    assert fit.line_guess({20: line(20), 2: line(2), 7: line(7)}, 100) == 9  # 7 and 20 bracket
+    assert fit.line_guess({30: line(30), 40: line(40)}, 100) == 9
+    assert fit.line_guess({3: line(3), 5: line(5)}, 100, step=4) == 8
+    # A refused size (infinite bytes) is no point; one point, or bytes that do not grow, no line.
+    assert fit.line_guess({3: line(3), 4: float("inf")}, 100) is None
+    assert fit.line_guess({3: 50, 4: 50}, 100) is None
+    # Fed to the search, its first guess from two known sizes is right: two probes.
+    n, probes = fit.largest_near(line, 100, lambda p: fit.line_guess({1: 15, 2: 25, **p}, 100), 12)
+    assert n == 9 and sorted(probes) == [9, 10]
+
+
 def test_an_off_by_one_answer_is_caught():
     n, probes = fit.largest_near(line, 100, lambda probes: 9, 12)
     assert fit.search_problems(probes, 100, n) == []

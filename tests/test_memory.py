@@ -161,6 +161,74 @@ def test_close_within_rejects_a_bound_of_no_terms():
         memory.close_within(np.ones(2), np.ones(2), 0)
 
 
+# `rounding.backend_eps(("matmul",))` on a TPU v5e at JAX's default precision, where a float32
+# matmul is one bfloat16 pass (rounding.py): the error chapter 14's bound adds per matmul there.
+TPU_DEFAULT_MATMUL_EPS = 3e-3
+EPS = float(np.finfo(np.float32).eps)
+
+
+def test_rounding_terms_add_each_matmuls_error_beyond_float32s_and_refuse_a_void_one():
+    c = SMALL_TRANSFORMER
+    terms = memory.rounding_terms(c, T)
+    assert memory.rounding_matmuls(c) == 5 * c.num_layers + 1
+    # A float32 matmul (a CPU's, or a TPU's at "highest", 6e-8) adds nothing to the bound.
+    assert memory.rounding_terms(c, T, matmul_eps=EPS) == terms
+    assert memory.rounding_terms(c, T, matmul_eps=6e-8) == terms
+    added = memory.rounding_terms(c, T, extra=5, matmul_eps=TPU_DEFAULT_MATMUL_EPS) - terms - 5
+    assert added == math.ceil((5 * c.num_layers + 1) * (TPU_DEFAULT_MATMUL_EPS / EPS - 1))
+    with pytest.raises(ValueError, match="matmul_eps must be a positive relative error, got 0"):
+        memory.rounding_terms(c, T, matmul_eps=0)
+
+
+def bfloat16_pass(dot_general):
+    """`lax.dot_general` as a TPU runs a float32 matmul at JAX's default precision: its
+    float32 inputs rounded to bfloat16, the products (exact in float32) summed in float32."""
+
+    def dot(lhs, rhs, *args, **kwargs):
+        if lhs.dtype == rhs.dtype == np.float32:
+            bf16, f32 = jax.numpy.bfloat16, np.float32
+            lhs, rhs = lhs.astype(bf16).astype(f32), rhs.astype(bf16).astype(f32)
+        return dot_general(lhs, rhs, *args, **kwargs)
+
+    return dot
+
+
+def test_a_bfloat16_pass_gradient_is_within_the_widened_bound_and_a_wrong_one_is_not(
+    model, monkeypatch
+):
+    params, batch, _, reference = model
+    from jax._src.lax import lax as lax_module  # what jnp.matmul and jnp.einsum call
+
+    monkeypatch.setattr(lax_module, "dot_general", bfloat16_pass(lax_module.dot_general))
+    _, grads = loss_grad(memory.remat_loss, params, batch)
+    monkeypatch.undo()
+    float32_terms = memory.rounding_terms(SMALL_TRANSFORMER, T)
+    terms = memory.rounding_terms(SMALL_TRANSFORMER, T, matmul_eps=TPU_DEFAULT_MATMUL_EPS)
+    # The passes' rounding is beyond float32's bound (here 0.3 % of max|g|, 80x it) ...
+    assert not memory.close_within(reference, grads, float32_terms)["ok"]
+    # ... and within the bound that counts it, which still rejects a known-wrong gradient:
+    # a mean over two micro-batches left undivided, or a sign flipped in one leaf.
+    assert memory.close_within(reference, grads, terms)["ok"]
+    assert not memory.close_within(reference, jax.tree.map(lambda g: 2 * g, grads), terms)["ok"]
+    flipped = {**grads, "unembed": {"w": -grads["unembed"]["w"]}}
+    assert not memory.close_within(reference, flipped, terms)["ok"]
+
+
+def test_close_within_adds_the_rounding_of_each_update_to_the_parameters():
+    params = np.array([1.0, 0.5], np.float32)
+    # Two updates 2^-29 apart on either side of half a spacing of 1.0 (2^-24): their sums
+    # round one spacing (2^-23) apart, far more than the updates' own difference.
+    updates = [np.array([2.0**-24 + sign * 2.0**-30, 0.0], np.float32) for sign in (1, -1)]
+    new = [{"w": params + u} for u in updates]  # float32 sums, each rounded once
+    moves = [{"w": n["w"] - params} for n in new]
+    assert moves[0]["w"][0] - moves[1]["w"][0] == 2.0**-23
+    assert not memory.close_within(moves[0], moves[1], 1)["ok"]
+    assert memory.close_within(moves[0], moves[1], 1, added_to=new[0])["ok"]
+    # A move three times as large is still told apart.
+    tripled = {"w": 3 * moves[0]["w"]}
+    assert not memory.close_within(moves[0], tripled, 1, added_to=new[0])["ok"]
+
+
 def test_remat_keeps_the_block_inputs_and_one_block():
     c = SMALL_TRANSFORMER
     full = memory.activation_bytes(c, B, T)
@@ -208,8 +276,8 @@ def test_the_biggest_model_fits_and_one_more_layer_or_example_does_not(technique
     assert held(dataclasses.replace(c, num_layers=got["L"]), B) <= budget < held(deeper, B)
     step = technique.get("micro", 1)
     assert got["B"] % step == 0 and held(c, got["B"]) <= budget < held(c, got["B"] + step)
-    with pytest.raises(ValueError, match="got 0.5, 1000"):
-        memory.biggest_model(c, B, T, 1000, margin=0.5, **technique)
+    with pytest.raises(ValueError, match="need margin > 0 and budget >= 1 byte, got 0, 1000"):
+        memory.biggest_model(c, B, T, 1000, margin=0, **technique)
 
 
 @pytest.mark.parametrize("policy", ["nothing", "names", "dots"])
@@ -283,3 +351,10 @@ def test_the_census_counts_each_array_once_where_scores_and_hidden_have_one_size
     assert (census["scores"] + census["hidden"]) * config.num_layers == same_size
     assert census["scores"] == 1  # the exponentials `attention` mixes the values with
     assert census["hidden"] > 2
+
+
+def test_a_margin_below_one_predicts_a_bigger_model():
+    c, budget = SMALL_TRANSFORMER, 2**20
+    at = {m: memory.biggest_model(c, B, T, budget, margin=m) for m in (0.5, 1.0, 2.0)}
+    # A compiled step that keeps less than the formula counts (XLA:TPU's can) fits more.
+    assert at[0.5]["L"] > at[1.0]["L"] > at[2.0]["L"] and at[0.5]["B"] > at[1.0]["B"]

@@ -186,13 +186,15 @@ def largest(fits, limit: int = 2**16, step: int = 1) -> int:
 
 def biggest_model(config, batch, length, budget, *, margin=1.0, **technique) -> dict:
     """The largest L (at this batch) and the largest B (at config's L, a multiple of the
-    micro-batch count) whose `step_bytes` fit `budget`, the residuals multiplied by `margin`.
+    micro-batch count) whose `step_bytes` fit `budget`, the residuals multiplied by `margin`
+    (above 1 where a compiled step keeps more than the formula counts, as XLA:CPU's does;
+    below 1 where it keeps less, as XLA:TPU's can).
 
     Args:
       technique: `step_bytes`'s remat, micro and itemsize.
     """
-    if margin < 1 or budget < 1:
-        raise ValueError(f"need margin >= 1 and budget >= 1 byte, got {margin}, {budget}")
+    if not margin > 0 or budget < 1:
+        raise ValueError(f"need margin > 0 and budget >= 1 byte, got {margin}, {budget}")
 
     def fits(c, b):
         fixed, residuals = step_bytes(c, b, length, **technique)
@@ -227,14 +229,34 @@ def tree_bytes(tree) -> int:
     return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in jax.tree.leaves(tree))
 
 
-def rounding_terms(config: TransformerConfig, length: int, extra: int = 0) -> int:
+def rounding_matmuls(config: TransformerConfig) -> int:
+    """The matmuls among the contractions `rounding_terms` counts: per block the projections,
+    the weighted values, the output projection and the MLP's two, and the head's unembedding."""
+    return 5 * config.num_layers + 1
+
+
+def rounding_terms(config: TransformerConfig, length: int, extra: int = 0, matmul_eps=None) -> int:
     """n of the float32 error bound n * eps * max|g| between two evaluations of the same
     gradient that round differently: the contraction lengths the gradient passes through
     (per block D for the projections, S = T for the weighted values, N H for the output
     projection, D and F for the MLP; D and V in the head), plus `extra` (terms of a sum
-    that is reassociated, e.g. the B T tokens of a mean split into micro-batches)."""
+    that is reassociated, e.g. the B T tokens of a mean split into micro-batches).
+
+    Args:
+      matmul_eps: the relative error of one float32 matmul on this backend
+        (`rounding.backend_eps(("matmul",))`). Where it exceeds eps, the matmul rounds its
+        inputs (a TPU at JAX's default precision multiplies float32 in one bfloat16 pass),
+        which no contraction length accounts for: each of the `rounding_matmuls` adds
+        matmul_eps / eps - 1 terms. None: float32's matmuls, nothing added.
+    """
     D, F, NH = config.model_dim, config.hidden_dim, config.num_heads * config.head_dim
-    return config.num_layers * (2 * D + length + NH + F) + D + config.vocab_size + extra
+    terms = config.num_layers * (2 * D + length + NH + F) + D + config.vocab_size + extra
+    if matmul_eps is None:
+        return terms
+    eps = float(np.finfo(np.float32).eps)
+    if not matmul_eps > 0:
+        raise ValueError(f"matmul_eps must be a positive relative error, got {matmul_eps}")
+    return terms + math.ceil(rounding_matmuls(config) * max(matmul_eps / eps - 1, 0.0))
 
 
 def max_error(a, b) -> tuple[float, float]:
@@ -247,8 +269,15 @@ def max_error(a, b) -> tuple[float, float]:
     return diff, scale
 
 
-def close_within(reference, other, terms: int, dtype=jnp.float32) -> dict:
+def close_within(reference, other, terms: int, dtype=jnp.float32, added_to=None) -> dict:
     """Whether `other` equals `reference` within terms * eps(dtype) * max|reference|.
+
+    Args:
+      added_to: for two moves of the same parameters (new parameters minus old), the
+        parameters they were added to. Each addition p + u rounds once, to within half a
+        spacing of its result, so two moves that differ by less than the bound can still
+        differ by eps * max|p + u| more (one spacing of the largest parameter): the bound
+        adds it. None: `reference` and `other` are values, not moves.
 
     Returns:
       {"error", "bound", "ok"}: the largest difference, the bound, and error <= bound.
@@ -256,5 +285,8 @@ def close_within(reference, other, terms: int, dtype=jnp.float32) -> dict:
     if terms < 1:
         raise ValueError(f"terms must be >= 1, got {terms}")
     error, scale = max_error(reference, other)
-    bound = terms * float(jnp.finfo(dtype).eps) * scale
+    eps = float(jnp.finfo(dtype).eps)
+    bound = terms * eps * scale
+    if added_to is not None:
+        bound += eps * max(float(np.max(np.abs(np.asarray(p)))) for p in jax.tree.leaves(added_to))
     return {"error": error, "bound": bound, "ok": error <= bound}

@@ -167,6 +167,7 @@ class StreamingSizes:
     rounds: int  # timed rounds of the feeds, taken in turn
     save_every: int  # steps between checkpoints of the resumable run
     kill_step: int  # the killed run is killed once this step's checkpoint is saved
+    resume_hidden: tuple[int, ...]  # hidden widths of that run, on the CPU on every backend
     nnx_steps: int  # N, steps of the NNX and pytree runs compared
 
 
@@ -342,12 +343,16 @@ _PARTS = dict(
         seq_len=By(64, 256),
         sweep_batches=By((2, 8), (8, 32)),
         sweep_lengths=By((16, 64), (64, 256)),
-        # TPU: each point compiles a train step, several seconds each there (the GPU's eight
-        # points spent 47 s of chapter 14's run on the chip, 2026-12-06)
-        sweep_layers=By((1, 4), (1, 2, 4, 8), (1, 4)),
+        # TPU: each point compiles a train step, 4-10 s each there (the GPU's eight points
+        # spent 47 s of chapter 14's run on the chip, 2026-12-06); at L 8 the point is the
+        # chapter's own unrolled step, which its remat section compiles anyway
+        sweep_layers=By((1, 4), (1, 2, 4, 8), (1, 8)),
         # the unrolled compile grows ~3x from 2 to 24 layers, the scanned not; at 2 the
-        # scanned program takes ~2x the unrolled one to compile (one build: 1.85, 0.86 s)
-        compile_layers=By((2, 24), (8, 32), (4, 16)),
+        # scanned program takes ~2x the unrolled one to compile (one build: 1.85, 0.86 s).
+        # TPU: from the chapter's L 8, whose two programs the remat section compiles: XLA:TPU's
+        # scanned program has 1,878 instructions at L 8, 1,889 at 16 (1,898 at 4: 1.1 % off
+        # L 8's), the unrolled one 1.9x as many at 16 (compiled ahead of time for a v5e)
+        compile_layers=By((2, 24), (8, 32), (8, 16)),
         micro_batches=(1, 4),
         train_steps=By(30, 200),
         text_bytes=By(2**16, 2**20),
@@ -364,16 +369,25 @@ _PARTS = dict(
     ),
     streaming=_per_backend(
         StreamingSizes,
-        text_bytes=By(2**16, 2**20),
+        # TPU: at the GPU's sizes the chip's step took d = 1.6 ms against h = 43 ms of host work
+        # for a batch of 1,024 windows (2026-12-06), so prefetch had nothing to hide the host
+        # behind, and timing the feeds took 84 s of chapter 15's 150. The host's work grows
+        # with the batch (about 4 ms for 128 windows there), the step with the parameters: at
+        # 12288 wide (171 M, 5.8 GB read and written a step by XLA's count) the step is about
+        # 11 ms, as on a CPU a step outlasts the making of a batch, and the text is cut to a
+        # quarter so the run killed and resumed on the host's CPU has 216 steps, not 867.
+        text_bytes=By(2**16, 2**20, 2**18),
         context=By(8, 16),
-        records_per_shard=By(1000, 8192),
-        hidden=By((512, 512), (2048, 2048)),
-        batch_size=By(128, 1024),
+        records_per_shard=By(1000, 8192, 2048),
+        hidden=By((512, 512), (2048, 2048), (12288, 12288)),
+        batch_size=By(128, 1024, 128),
         epochs=2,
         feed_steps=By(12, 50),
-        rounds=By(7, 7),
+        rounds=By(7, 7, 5),
         save_every=By(10, 20),
         kill_step=By(70, 80),
+        # The killed and resumed run is on the CPU everywhere: the CPU's model on every backend
+        resume_hidden=(512, 512),
         nnx_steps=By(20, 50),
     ),
     kernel=_per_backend(

@@ -101,9 +101,33 @@ def formula_margin(config, batch: int, length: int, program: dict, held: int) ->
     return (held - fixed) / residuals
 
 
-def _search(config, batch, length, budget, program, axis, margin):
+def line_guess(points: dict, budget: int, step: int = 1) -> int | None:
+    """The largest multiple of `step` at which the line through two of `points` ({n: bytes}
+    compiled) stays within `budget`: the two that bracket the budget (the largest n within
+    it, the smallest beyond it), else the two nearest it on one side. None with fewer than
+    two points, or where bytes do not grow along them. A step's bytes grow by the same
+    amount with each block (unrolled, or a scan's stacked arrays) and each example, so the
+    line through two compiled sizes predicts a third better than the formula's margin does
+    (whose fixed part it counts as residuals)."""
+    finite = sorted((n, b) for n, b in points.items() if b < math.inf)
+    within = [p for p in finite if p[1] <= budget]
+    beyond = [p for p in finite if p[1] > budget]
+    if within and beyond:
+        (n1, b1), (n2, b2) = within[-1], beyond[0]
+    elif len(finite) >= 2:
+        (n1, b1), (n2, b2) = finite[-2:] if within else finite[:2]
+    else:
+        return None
+    if b2 <= b1 or n2 == n1:
+        return None
+    return (n1 + math.floor((budget - b1) * (n2 - n1) / (b2 - b1))) // step * step
+
+
+def _search(config, batch, length, budget, program, axis, margin, known):
     """`largest_near` over L (at `batch`) or B (at config's L) for one technique, each guess
-    the formula's answer at the margin measured at the last probe (`margin` at first)."""
+    the line through two compiled sizes (`line_guess`), `known` ({n: bytes} compiled before
+    the search) among them, or, with one, the formula's answer at the margin measured there
+    (`margin` at first)."""
     technique = formula_technique(program)
     step = technique["micro"] if axis == "B" else 1
 
@@ -111,13 +135,18 @@ def _search(config, batch, length, budget, program, axis, margin):
         return (dataclasses.replace(config, num_layers=n), batch) if axis == "L" else (config, n)
 
     def predicted(m):
-        return memory.biggest_model(config, batch, length, budget, margin=max(m, 1), **technique)
+        # Below 1 where the compiled step keeps less than the formula counts (XLA:TPU can)
+        return memory.biggest_model(config, batch, length, budget, margin=max(m, 0.01), **technique)
 
-    def guess(probes):  # the margin at the last probe that compiled, else the one given
-        compiled = [n for n, held in probes.items() if held < math.inf]
-        m = margin or 1
+    def guess(probes):
+        points = {**known, **probes}
+        line = line_guess(points, budget, step)
+        if line is not None:
+            return line
+        compiled = [n for n, held in points.items() if held < math.inf]
+        m = margin or 1  # the margin at the last size that compiled, else the one given
         if compiled:
-            m = formula_margin(*sized(compiled[-1]), length, program, probes[compiled[-1]])
+            m = formula_margin(*sized(compiled[-1]), length, program, points[compiled[-1]])
         return predicted(m)[axis]
 
     def held(n):
@@ -128,7 +157,7 @@ def _search(config, batch, length, budget, program, axis, margin):
     # (chapter 14's first section), and the search then doubles past this first upper end.
     high = exact + step
     limit = step * max(2**10 // step, 4 * high // step)  # room to double past a wrong formula
-    n, probes = largest_near(held, budget, guess, high, step=step, limit=limit)
+    n, probes = largest_near(held, budget, guess, high, step=step, limit=limit, rounds=3)
     return {"formula": exact, "compiled": n, "probes": probes, "step": step}
 
 
@@ -145,8 +174,8 @@ def compiled_largest(config, batch: int, length: int, budget: int, program: dict
     held = held_or_over(config, batch, length, program)
     margin = formula_margin(config, batch, length, program, held) if held < math.inf else None
     found = {"margin": margin}
-    for axis in ("L", "B"):
-        found[axis] = _search(config, batch, length, budget, program, axis, margin)
+    for axis, n in (("L", config.num_layers), ("B", batch)):
+        found[axis] = _search(config, batch, length, budget, program, axis, margin, {n: held})
     return found
 
 
@@ -188,7 +217,7 @@ def run_train_step(config, data: Batch, program: dict, key) -> dict:
         step = make_accumulating_step(loss, optimizer, micro)
     device = next(iter(jax.tree.leaves(data)[0].sharding.device_set))  # where the step runs
     before = device.memory_stats()
-    params = init_transformer(key, config)
+    params = jax.jit(init_transformer, static_argnums=1)(key, config)  # one program, not one per op
     params = jax.jit(memory.stack_blocks)(params) if scanned else params
     opt_state = jax.jit(optimizer.init)(params)
     result = {"step_held": None, "error": None, "loss": None, "seconds": None}
