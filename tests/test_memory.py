@@ -199,9 +199,13 @@ def test_a_bfloat16_pass_gradient_is_within_the_widened_bound_and_a_wrong_one_is
     params, batch, _, reference = model
     from jax._src.lax import lax as lax_module  # what jnp.matmul and jnp.einsum call
 
+    # jnp.matmul is jitted: a trace cached by an earlier test (any order, any worker) would
+    # never call the patch, and one made under it must not serve later tests: clear both ways
     monkeypatch.setattr(lax_module, "dot_general", bfloat16_pass(lax_module.dot_general))
+    jax.clear_caches()
     _, grads = loss_grad(memory.remat_loss, params, batch)
     monkeypatch.undo()
+    jax.clear_caches()
     float32_terms = memory.rounding_terms(SMALL_TRANSFORMER, T)
     terms = memory.rounding_terms(SMALL_TRANSFORMER, T, matmul_eps=TPU_DEFAULT_MATMUL_EPS)
     # The passes' rounding is beyond float32's bound (here 0.3 % of max|g|, 80x it) ...
