@@ -295,7 +295,12 @@ def goals_table(measured: dict, backend: str, records: dict[str, dict], devices=
             row += f" {cell['verdict'] if cell else 'not recorded'} |"
         for device_backend, run in devices.items():
             value = run["values"].get(g.key)
-            cell = "not recorded" if value is None else verdict(g, value, device_backend)
+            if value is None:
+                cell = "not recorded"
+            elif not_applicable(device_backend, g):  # the value, without the long reason
+                cell = f"not applicable ({g.show(value)})"
+            else:
+                cell = verdict(g, value, device_backend)
             row += f" {cell}" + (f", {run['dates'][g.key]}" if value is not None else "") + " |"
         rows.append(row)
     return "\n".join([header, rule, *rows])
