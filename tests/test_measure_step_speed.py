@@ -50,6 +50,7 @@ def test_the_bf16_step_computes_in_bfloat16_and_keeps_float32_weights(programs):
     assert float(metrics["loss"]) == pytest.approx(float(wide_loss), rel=2**-6)
     row = step_speed.precision_rates(programs, narrow, rounds=3)
     assert row["speedup_low"] <= row["speedup"] <= row["speedup_high"]
+    assert row["matmul_ratio"] > 0
     for kind in ("float32", "bfloat16"):
         rate = row["flops"][kind] / row["seconds"][kind]
         assert row["of_ceiling"][kind] == pytest.approx(rate / row["ceilings"][kind])

@@ -130,8 +130,10 @@ def precision_rates(wide: dict, narrow: dict, rounds: int) -> dict:
       {"seconds": {"float32", "bfloat16"}: median step seconds, "speedup": float32 time over
        bfloat16 time (median of paired rounds; "speedup_low", "speedup_high": the least and
        the most of the rounds), "ceilings": {"float32", "bfloat16"}: FLOP/s,
-       best sample, "of_ceiling": {...}: each step's FLOP/s over its ceiling, "flops": each
-       step's FLOPs, "tokens_per_s": {...}}.
+       best sample, "matmul_ratio": the bfloat16 matmul's time over the float32 one's
+       (median of paired rounds: a busy moment that slows one precision's best sample divides
+       out, where the ratio of the two best samples keeps it), "of_ceiling": {...}: each
+       step's FLOP/s over its ceiling, "flops": each step's FLOPs, "tokens_per_s": {...}}.
     """
     n = roofline().matmul_size
     a, b = (jax.random.normal(k, (n, n)) for k in jax.random.split(jax.random.key(2)))
@@ -153,6 +155,7 @@ def precision_rates(wide: dict, narrow: dict, rounds: int) -> dict:
         "speedup_low": min(per_round),
         "speedup_high": max(per_round),
         "ceilings": ceilings,
+        "matmul_ratio": paired_ratio(samples["matmul bfloat16"], samples["matmul float32"]),
         "of_ceiling": {k: flops[k] / seconds[k] / ceilings[k] for k in seconds},
         "flops": flops,
         "tokens_per_s": {k: wide["tokens"] / seconds[k] for k in seconds},

@@ -310,15 +310,16 @@ def goal_findings(goal: dict, where: str, backend: str):
 
 def precision_prediction(matmul_share: float, rates: dict, wide_kernels, narrow_kernels) -> dict:
     """Chapter 11's prediction for the step in bfloat16, from the float32 step's breakdown:
-    its matmul kernels' share of the traced time runs at the ratio of the two matmul
-    ceilings measured beside the steps; the rest moves the bytes the bfloat16 program's other
+    its matmul kernels' share of the traced time scales by the bfloat16 matmul's time over
+    the float32 one's, timed in the same rounds as the steps (`precision_rates`'s
+    "matmul_ratio"); the rest moves the bytes the bfloat16 program's other
     kernels move (`breakdown.kernels_of`, the compiler's count) against the float32 one's.
     Both programs' kernels are read from their HLO; nothing is timed here."""
     if not 0 <= matmul_share <= 1:
         raise ValueError(f"matmul_share must be in [0, 1], got {matmul_share}")
     moved = lambda kernels: sum(k.bytes for k in kernels if not k.flops)
     bytes_ratio = moved(narrow_kernels) / moved(wide_kernels)
-    ceiling_ratio = rates["ceilings"]["float32"] / rates["ceilings"]["bfloat16"]
+    ceiling_ratio = rates["matmul_ratio"]
     time_ratio = matmul_share * ceiling_ratio + (1 - matmul_share) * bytes_ratio
     return {
         "bytes_ratio": bytes_ratio,
