@@ -201,3 +201,13 @@ def test_the_bf16_prediction_scales_matmul_time_by_the_ceilings_and_the_rest_by_
     assert wrong["speedup_predicted"] == 1.0 and not page.within_rounds(wrong, 0.1)
     with pytest.raises(ValueError, match="matmul_share must be in"):
         page.precision_prediction(1.5, rates, wide, narrow)
+
+
+def test_the_time_to_the_stated_loss_is_the_first_hook_at_or_below_it():
+    seconds, losses = [0.0, 3.0, 5.0, 7.0], np.array([4.5, 2.6, 2.25, 2.0])  # as the page has them
+    hit = page.time_to_loss(seconds, losses, steps_per_epoch=50, target=2.25)
+    assert hit == {"reached": True, "steps": 100, "seconds": 5.0, "loss": 2.25}
+    missed = page.time_to_loss(seconds, losses, steps_per_epoch=50, target=1.5)
+    assert missed == {"reached": False, "steps": 150, "seconds": 7.0, "loss": 2.0}
+    with pytest.raises(ValueError, match="one time per loss"):
+        page.time_to_loss(seconds[:2], losses, steps_per_epoch=50)

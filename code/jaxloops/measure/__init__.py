@@ -9,6 +9,7 @@ from jaxloops.measure import comms as comms  # a module: measure.comms.per_step
 from jaxloops.measure import compiled as compiled  # a module: measure.compiled.fusions_of
 from jaxloops.measure import feeds as feeds  # a module: measure.feeds.time_feeds
 from jaxloops.measure import largest_fit as largest_fit  # measure.largest_fit.largest_fit_table
+from jaxloops.measure import layer_decode as layer_decode  # measure.layer_decode.layer_decode_sweep
 from jaxloops.measure import published as published  # a module: measure.published.PUBLISHED
 from jaxloops.measure import step_memory as step_memory  # measure.step_memory.formula_sweep
 from jaxloops.measure import step_speed as step_speed  # measure.step_speed.step_rates

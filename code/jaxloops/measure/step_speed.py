@@ -131,7 +131,7 @@ def precision_rates(wide: dict, narrow: dict, rounds: int) -> dict:
        bfloat16 time (median of paired rounds; "speedup_low", "speedup_high": the least and
        the most of the rounds), "ceilings": {"float32", "bfloat16"}: FLOP/s,
        best sample, "matmul_ratio": the bfloat16 matmul's time over the float32 one's
-       (median of paired rounds: a busy moment that slows one precision's best sample divides
+       (`matmul_time_ratio`: a busy moment that slows one precision's best sample divides
        out, where the ratio of the two best samples keeps it), "of_ceiling": {...}: each
        step's FLOP/s over its ceiling, "flops": each step's FLOPs, "tokens_per_s": {...}}.
     """
@@ -155,7 +155,7 @@ def precision_rates(wide: dict, narrow: dict, rounds: int) -> dict:
         "speedup_low": min(per_round),
         "speedup_high": max(per_round),
         "ceilings": ceilings,
-        "matmul_ratio": paired_ratio(samples["matmul bfloat16"], samples["matmul float32"]),
+        "matmul_ratio": matmul_time_ratio(a, b, a16, b16),
         "of_ceiling": {k: flops[k] / seconds[k] / ceilings[k] for k in seconds},
         "flops": flops,
         "tokens_per_s": {k: wide["tokens"] / seconds[k] for k in seconds},
@@ -163,6 +163,17 @@ def precision_rates(wide: dict, narrow: dict, rounds: int) -> dict:
 
 
 _MATMUL = jax.jit(jnp.matmul)  # either precision's ceiling: one program per dtype
+
+
+def matmul_time_ratio(a, b, a16, b16, pairs: int = 21) -> float:
+    """The bfloat16 matmul's time over the float32 one's: the median of `pairs` pairs of calls
+    taken straight after each other, so that a busy moment of a shared machine, which lasts
+    longer than a pair, slows both calls of a pair alike. (Five rounds spread over whole
+    train steps let a loaded 2-core machine give 0.57 in one build, for a bfloat16 matmul
+    that XLA:CPU runs as the float32 one plus casts.)"""
+    runs = {"float32": lambda: _MATMUL(a, b), "bfloat16": lambda: _MATMUL(a16, b16)}
+    samples = interleaved_samples(runs, pairs)
+    return paired_ratio(samples["bfloat16"], samples["float32"])
 
 
 def step_seconds(programs: dict[str, dict], rounds: int) -> dict[str, float]:

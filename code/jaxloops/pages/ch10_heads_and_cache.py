@@ -324,3 +324,48 @@ def decode_times(decode: list[dict], kv_choices, *, batch: int, heads: int, head
     ratio_ax.set(ylabel="measured / predicted", title="How far each kind is from its roofline")
     fig.tight_layout()
     return fig
+
+
+def layer_decode_table(rows: list[dict], heads: int) -> list[dict]:
+    """The whole layer's decode steps (`measure.layer_decode.layer_decode_sweep`, each row
+    with its "predicted" seconds) as the page's table: weights and cache, against the roofline."""
+    return [
+        {
+            "S": r["S"],
+            "kind": attention_kind(heads, r["K"]),
+            "weights MiB": r["weight_bytes"] / MiB,
+            "cache MiB": r["cache_bytes"] / MiB,
+            "weights' share of bytes": r["weight_bytes"] / r["bytes"],
+            "predicted ms": r["predicted"] * 1e3,
+            "measured ms": r["seconds"] * 1e3,
+            "measured / predicted": r["seconds"] / r["predicted"],
+        }
+        for r in rows
+    ]
+
+
+def layer_decode_figures(rows: list[dict], kv_choices) -> dict:
+    """MHA's time over MQA's (`kv_choices`: MHA, GQA, MQA) at the shortest and the longest
+    cache, predicted (bytes) and measured, and GQA's at the longest as a share of its roofline.
+    Chapter 10's claim is that MQA's lead grows with S (`lead_grows`)."""
+    at = {(r["K"], r["S"]): r for r in rows}
+    lengths = sorted({r["S"] for r in rows})
+    if len(lengths) < 2 or any((k, s) not in at for k in kv_choices for s in lengths):
+        raise ValueError(f"need every K of {list(kv_choices)} at two lengths or more: {sorted(at)}")
+    mha, gqa, mqa = kv_choices
+    figures = {"short": lengths[0], "long": lengths[-1]}
+    for name, S in (("short", lengths[0]), ("long", lengths[-1])):
+        figures[f"{name}_lead"] = at[mha, S]["seconds"] / at[mqa, S]["seconds"]
+        figures[f"{name}_lead_predicted"] = at[mha, S]["bytes"] / at[mqa, S]["bytes"]
+        figures[f"{name}_mqa_weight_share"] = at[mqa, S]["weight_bytes"] / at[mqa, S]["bytes"]
+    long_gqa = at[gqa, lengths[-1]]
+    figures["gqa_of_roofline"] = long_gqa["predicted"] / long_gqa["seconds"]
+    figures["gqa_gbs"] = long_gqa["bytes"] / long_gqa["seconds"] / 1e9
+    return figures
+
+
+def lead_grows(figures: dict, margin: float) -> bool:
+    """Chapter 10's claim for the whole layer: MHA's time over MQA's at the longest cache is
+    more than (1 + margin) times that at the shortest, where the weights, which every kind
+    reads alike, are more of the bytes."""
+    return figures["long_lead"] > (1 + margin) * figures["short_lead"]

@@ -63,6 +63,28 @@ def probe_curves(history, before: dict):
     return epochs, curves
 
 
+# Chapter 11's stated target: nats per character on the validation text, the same on every
+# backend, so that the time to it compares machines (and trainings) where final losses cannot.
+# About 3.25 bits per character: a context-free model of the characters gets about 4.5.
+TARGET_LOSS = 2.25
+
+
+def time_to_loss(seconds, losses, steps_per_epoch: int, target: float = TARGET_LOSS) -> dict:
+    """When the validation loss first fell to `target`: `seconds[i]` and `losses[i]` at the
+    i-th hook (i = 0 before training, at 0 s; hook i after i epochs of `steps_per_epoch`).
+
+    Returns:
+      {"reached", "steps", "seconds", "loss"}: at the first hook at or below the target, or,
+      where none is, at the last hook with "reached" False.
+    """
+    if len(seconds) != len(losses) or len(losses) == 0:
+        raise ValueError(f"need one time per loss, at least one: {len(seconds)}, {len(losses)}")
+    at = next((i for i, loss in enumerate(losses) if loss <= target), None)
+    i = len(losses) - 1 if at is None else at
+    return {"reached": at is not None, "steps": i * steps_per_epoch,
+            "seconds": float(seconds[i]), "loss": float(losses[i])}  # fmt: skip
+
+
 def compressed_bits(text: str) -> float:
     """Bits per character that xz (LZMA, preset 9) needs for the ASCII `text`."""
     data = text.encode("ascii")
@@ -311,9 +333,9 @@ def goal_findings(goal: dict, where: str, backend: str):
 def precision_prediction(matmul_share: float, rates: dict, wide_kernels, narrow_kernels) -> dict:
     """Chapter 11's prediction for the step in bfloat16, from the float32 step's breakdown:
     its matmul kernels' share of the traced time scales by the bfloat16 matmul's time over
-    the float32 one's, timed in the same rounds as the steps (`precision_rates`'s
-    "matmul_ratio"); the rest moves the bytes the bfloat16 program's other
-    kernels move (`breakdown.kernels_of`, the compiler's count) against the float32 one's.
+    the float32 one's, timed in pairs of calls (`precision_rates`'s "matmul_ratio"); the
+    rest moves the bytes the bfloat16 program's other kernels move (`breakdown.kernels_of`,
+    the compiler's count) against the float32 one's.
     Both programs' kernels are read from their HLO; nothing is timed here."""
     if not 0 <= matmul_share <= 1:
         raise ValueError(f"matmul_share must be in [0, 1], got {matmul_share}")
