@@ -29,12 +29,12 @@ def test_the_matmul_ceiling_runs_at_the_precision_the_programs_run_at():
     roofline = importlib.import_module("jaxloops.measure.roofline")
     a = normal((256, 256))
     with jax.default_matmul_precision("bfloat16"):
-        one_pass = roofline._matmul.lower(a, a).as_text()
+        one_pass = roofline.ceiling_matmul.lower(a, a).as_text()
         roof = roofline.measure_roofline(
             jax.random.key(0), matmul_size=16, read_bytes=64, samples=1
         )
     with jax.default_matmul_precision("highest"):
-        full = roofline._matmul.lower(a, a).as_text()
+        full = roofline.ceiling_matmul.lower(a, a).as_text()
     assert roof.precision == "bfloat16"
     assert "HIGHEST" in full and "HIGHEST" not in one_pass  # a pinned precision fails this
 

@@ -31,7 +31,7 @@ from jaxloops.attention import textbook_attention as textbook_attention  # the c
 from jaxloops.data import Batch
 from jaxloops.measure import breakdown
 from jaxloops.measure.compiled import lowered_flops
-from jaxloops.measure.roofline import roofline, samples_beside_ceiling
+from jaxloops.measure.roofline import ceiling_matmul, roofline, samples_beside_ceiling
 from jaxloops.measure.timing import interleaved_samples, paired_ratio
 from jaxloops.precision import compute_in
 from jaxloops.text import VOCAB_SIZE
@@ -141,8 +141,8 @@ def precision_rates(wide: dict, narrow: dict, rounds: int) -> dict:
     runs = {
         "float32": lambda: wide["step"][0](*wide["step"][1]),
         "bfloat16": lambda: narrow["step"][0](*narrow["step"][1]),
-        "matmul float32": lambda: _MATMUL(a, b),
-        "matmul bfloat16": lambda: _MATMUL(a16, b16),
+        "matmul float32": lambda: ceiling_matmul(a, b),
+        "matmul bfloat16": lambda: ceiling_matmul(a16, b16),
     }
     samples = interleaved_samples(runs, rounds)
     ceilings = {k: 2.0 * n**3 / min(samples[f"matmul {k}"]) for k in ("float32", "bfloat16")}
@@ -162,16 +162,13 @@ def precision_rates(wide: dict, narrow: dict, rounds: int) -> dict:
     }
 
 
-_MATMUL = jax.jit(jnp.matmul)  # either precision's ceiling: one program per dtype
-
-
 def matmul_time_ratio(a, b, a16, b16, pairs: int = 21) -> float:
     """The bfloat16 matmul's time over the float32 one's: the median of `pairs` pairs of calls
     taken straight after each other, so that a busy moment of a shared machine, which lasts
     longer than a pair, slows both calls of a pair alike. (Five rounds spread over whole
     train steps let a loaded 2-core machine give 0.57 in one build, for a bfloat16 matmul
     that XLA:CPU runs as the float32 one plus casts.)"""
-    runs = {"float32": lambda: _MATMUL(a, b), "bfloat16": lambda: _MATMUL(a16, b16)}
+    runs = {"float32": lambda: ceiling_matmul(a, b), "bfloat16": lambda: ceiling_matmul(a16, b16)}
     samples = interleaved_samples(runs, pairs)
     return paired_ratio(samples["bfloat16"], samples["float32"])
 
