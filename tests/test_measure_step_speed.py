@@ -140,3 +140,19 @@ def test_an_unknown_allocator_is_refused_by_name():
         ValueError, match="allocator must be one of .*'4 KiB pages'.*got 'tcmalloc'"
     ):
         step_speed.rates_in_fresh_process((1,) * 7, 1, "tcmalloc")
+
+
+def test_the_remat_step_computes_the_same_loss_and_the_variants_are_timed_against_the_base(
+    programs,
+):
+    remat = step_speed.step_programs(TINY, jax.random.key(0), names=("step",), remat="nothing")
+    base_loss = programs["step"][0](*programs["step"][1])[2]["loss"]
+    remat_loss = remat["step"][0](*remat["step"][1])[2]["loss"]
+    assert float(remat_loss) == pytest.approx(float(base_loss), rel=1e-5)
+    assert remat["step_flops"] > programs["step_flops"]  # the forward pass again
+    ratios = step_speed.time_ratios(programs, {"remat": remat}, rounds=2)
+    assert ratios["remat"]["low"] <= ratios["remat"]["ratio"] <= ratios["remat"]["high"]
+    with pytest.raises(ValueError, match="unknown remat policy 'most'"):
+        step_speed.step_programs(TINY, jax.random.key(0), names=("step",), remat="most")
+    with pytest.raises(ValueError, match="'base' names"):
+        step_speed.time_ratios(programs, {"base": remat}, rounds=1)

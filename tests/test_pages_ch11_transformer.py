@@ -211,3 +211,24 @@ def test_the_time_to_the_stated_loss_is_the_first_hook_at_or_below_it():
     assert missed == {"reached": False, "steps": 150, "seconds": 7.0, "loss": 2.0}
     with pytest.raises(ValueError, match="one time per loss"):
         page.time_to_loss(seconds[:2], losses, steps_per_epoch=50)
+
+
+def test_a_variant_is_predicted_from_its_matmul_flops_and_its_other_bytes():
+    """A variant with 4/3 the matmul FLOPs and 1.5 times the other bytes, the matmuls half the
+    time: 0.5 * 4/3 + 0.5 * 1.5 = 17/12. Measured at 1.4 within rounds 1.35 to 1.5 it holds;
+    the known-wrong prediction (the base against itself, 1.0) falls outside them."""
+    from jaxloops.measure.breakdown import Kernel
+
+    kernel = lambda flops, size: Kernel("k", "fusion", "", (), "", flops, size)
+    base = [kernel(3e9, 10.0), kernel(0.0, 200.0)]
+    remat = [kernel(3e9, 10.0), kernel(1e9, 5.0), kernel(0.0, 300.0)]
+    measured = {"remat": {"ratio": 1.4, "low": 1.35, "high": 1.5, "tokens": 1.0}}
+    (row,) = page.variant_rows(0.5, base, {"remat": remat}, measured)
+    assert row["FLOPs ratio"] == pytest.approx(4 / 3) and row["other bytes ratio"] == 1.5
+    assert row["predicted time ratio"] == pytest.approx(17 / 12)
+    assert row["tokens/s ratio"] == pytest.approx(1 / 1.4)
+    assert page.within_spread(row["predicted time ratio"], 1.35, 1.5, 0.1)
+    same = page.kernel_prediction(0.5, base, base)["time_ratio"]
+    assert same == 1.0 and not page.within_spread(same, 1.35, 1.5, 0.1)
+    with pytest.raises(ValueError, match="matmul_share must be in"):
+        page.kernel_prediction(-0.1, base, remat)

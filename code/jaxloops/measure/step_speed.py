@@ -25,7 +25,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from jaxloops import processes
+from jaxloops import memory, processes
 from jaxloops.attention import attention
 from jaxloops.attention import textbook_attention as textbook_attention  # the control, re-exported
 from jaxloops.data import Batch
@@ -53,13 +53,20 @@ _THP = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 def step_programs(
-    sizes: tuple[int, ...], key: jax.Array, attend=attention, compute=None, names=PROGRAMS
+    sizes: tuple[int, ...],
+    key: jax.Array,
+    attend=attention,
+    compute=None,
+    names=PROGRAMS,
+    remat: str | None = None,
 ) -> dict:
     """The compiled forward loss, value-and-gradient and AdamW train step of a transformer of
     `sizes` on one batch of random tokens, with their arguments; `attend` is every block's
     attention (`transformer_loss`); `compute` a 16-bit dtype to compute in, the parameters
     and AdamW's state kept in float32 (`precision.compute_in`, chapter 14's policy), or None;
-    `names` the programs to compile (each is a long compile at a chip's sizes), "step" among them.
+    `names` the programs to compile (each is a long compile at a chip's sizes), "step" among
+    them; `remat` a policy of `memory.POLICIES` for every block (`memory.remat_loss`, chapter
+    14's), or None.
 
     Returns:
       {"forward", "gradient", "step": (compiled, args)}, "tokens": B T per step, and
@@ -78,7 +85,12 @@ def step_programs(
     optimizer = make_optimizer(1e-3, 0.1)
     opt_state = optimizer.init(params)
 
+    if remat is not None and attend is not attention:
+        raise ValueError(f"remat {remat!r} checkpoints the blocks of `attention`, not {attend}")
     train_loss = functools.partial(transformer_loss, attend=attend)
+    if remat is not None:
+        memory.remat_policy(remat)  # a ValueError naming the policy, before any tracing
+        train_loss = functools.partial(memory.remat_loss, policy=remat)
     if compute is not None:
         train_loss = compute_in(train_loss, compute)
 
@@ -171,6 +183,24 @@ def matmul_time_ratio(a, b, a16, b16, pairs: int = 21) -> float:
     runs = {"float32": lambda: ceiling_matmul(a, b), "bfloat16": lambda: ceiling_matmul(a16, b16)}
     samples = interleaved_samples(runs, pairs)
     return paired_ratio(samples["bfloat16"], samples["float32"])
+
+
+def time_ratios(base: dict, variants: dict[str, dict], rounds: int) -> dict[str, dict]:
+    """Each variant's train step (`step_programs`) timed in turn with `base`'s, in `rounds`
+    rounds: {name: {"ratio": the variant's time over base's (median of paired rounds),
+    "low", "high": the least and the most round's, "seconds": the variant's median}}."""
+    if "base" in variants:
+        raise ValueError("'base' names the step the variants are timed against")
+    programs = {"base": base, **variants}
+    runs = {name: (lambda c=p["step"][0], a=p["step"][1]: c(*a)) for name, p in programs.items()}
+    samples = interleaved_samples(runs, rounds)
+    ratios = {}
+    for name in variants:
+        per_round = [v / b for v, b in zip(samples[name], samples["base"])]
+        ratios[name] = {"ratio": paired_ratio(samples[name], samples["base"]),
+                        "low": min(per_round), "high": max(per_round),
+                        "seconds": statistics.median(samples[name])}  # fmt: skip
+    return ratios
 
 
 def step_seconds(programs: dict[str, dict], rounds: int) -> dict[str, float]:

@@ -330,6 +330,52 @@ def goal_findings(goal: dict, where: str, backend: str):
     return failed(claims), f"{measured} {stated}"
 
 
+def kernel_prediction(matmul_share: float, base, variant, rate_ratio: float = 1.0) -> dict:
+    """A variant's step time over the base step's, predicted from their kernels
+    (`breakdown.kernels_of`, the compiler's counts): the matmul kernels' `matmul_share` of the
+    base's traced time scales by their FLOPs (variant over base) times `rate_ratio` (a matmul
+    FLOP's time, variant over base); the rest by the other kernels' bytes.
+
+    Returns:
+      {"flops_ratio", "bytes_ratio", "time_ratio"}.
+    """
+    if not 0 <= matmul_share <= 1:
+        raise ValueError(f"matmul_share must be in [0, 1], got {matmul_share}")
+    flops = lambda kernels: sum(k.flops for k in kernels)
+    moved = lambda kernels: sum(k.bytes for k in kernels if not k.flops)
+    flops_ratio, bytes_ratio = flops(variant) / flops(base), moved(variant) / moved(base)
+    time_ratio = matmul_share * flops_ratio * rate_ratio + (1 - matmul_share) * bytes_ratio
+    return {"flops_ratio": flops_ratio, "bytes_ratio": bytes_ratio, "time_ratio": time_ratio}
+
+
+def variant_rows(matmul_share: float, base, variants: dict, measured: dict) -> list[dict]:
+    """Chapter 11's remat and batch rows: each variant's predicted time over the base step's
+    (`kernel_prediction`, `variants` {name: kernels}) beside the measured one
+    (`step_speed.time_ratios`), and what each changes per token (`tokens`: the variant's
+    tokens per step over the base's, in `measured[name]`)."""
+    rows = []
+    for name, kernels in variants.items():
+        predicted, got = kernel_prediction(matmul_share, base, kernels), measured[name]
+        rows.append({
+            "variant": name,
+            "FLOPs ratio": predicted["flops_ratio"],
+            "other bytes ratio": predicted["bytes_ratio"],
+            "predicted time ratio": predicted["time_ratio"],
+            "measured time ratio": got["ratio"],
+            "rounds from": got["low"],
+            "rounds to": got["high"],
+            "measured / predicted": got["ratio"] / predicted["time_ratio"],
+            "tokens/s ratio": got["tokens"] / got["ratio"],
+        })  # fmt: skip
+    return rows
+
+
+def within_spread(predicted: float, low: float, high: float, margin: float) -> bool:
+    """A prediction lies within the paired rounds' own spread (the least and the most
+    round), widened by `margin` either way."""
+    return low / (1 + margin) <= predicted <= high * (1 + margin)
+
+
 def precision_prediction(matmul_share: float, rates: dict, wide_kernels, narrow_kernels) -> dict:
     """Chapter 11's prediction for the step in bfloat16, from the float32 step's breakdown:
     its matmul kernels' share of the traced time scales by the bfloat16 matmul's time over
@@ -339,10 +385,9 @@ def precision_prediction(matmul_share: float, rates: dict, wide_kernels, narrow_
     Both programs' kernels are read from their HLO; nothing is timed here."""
     if not 0 <= matmul_share <= 1:
         raise ValueError(f"matmul_share must be in [0, 1], got {matmul_share}")
-    moved = lambda kernels: sum(k.bytes for k in kernels if not k.flops)
-    bytes_ratio = moved(narrow_kernels) / moved(wide_kernels)
     ceiling_ratio = rates["matmul_ratio"]
-    time_ratio = matmul_share * ceiling_ratio + (1 - matmul_share) * bytes_ratio
+    ratios = kernel_prediction(matmul_share, wide_kernels, narrow_kernels, ceiling_ratio)
+    bytes_ratio, time_ratio = ratios["bytes_ratio"], ratios["time_ratio"]
     return {
         "bytes_ratio": bytes_ratio,
         "ceiling_ratio": ceiling_ratio,
@@ -364,5 +409,6 @@ def within_rounds(figures: dict, margin: float) -> bool:
     """Chapter 11's claim for the bfloat16 step: its predicted speed-up lies within the
     paired rounds' own spread (the least and the most round), widened by `margin` either
     way, so a busy machine's rounds widen what is accepted and a quiet one's narrow it."""
-    low, high = figures["speedup_low"] / (1 + margin), figures["speedup_high"] * (1 + margin)
-    return low <= figures["speedup_predicted"] <= high
+    return within_spread(
+        figures["speedup_predicted"], figures["speedup_low"], figures["speedup_high"], margin
+    )
