@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from jaxloops import measure, workers
+from jaxloops.measure import profile
 from jaxloops.measure.profile import HOST_WORK, Span
 
 
@@ -61,6 +62,30 @@ def test_device_op_seconds_sums_each_operation_per_call():
     assert measure.device_op_seconds(spans, calls=2) == {"dot.1": 3.0, "exp": 0.5}
     with pytest.raises(ValueError, match="calls must be >= 1, got 0"):
         measure.device_op_seconds(spans, calls=0)
+
+
+def test_an_accelerator_trace_gives_its_operations_from_the_xla_ops_line():
+    """A device plane as a TPU's trace writes it: a program on "XLA Modules", its operations
+    on "XLA Ops". The program is the "device" row; the operations are what
+    `device_op_seconds` sums (the module line alone named no operation, and the chip's
+    breakdown came out empty)."""
+    from types import SimpleNamespace as Fake
+
+    event = lambda name, start, end: Fake(name=name, start_ns=start, end_ns=end)
+    device = Fake(name="/device:TPU:0", lines=[
+        Fake(name="XLA Modules", events=[event("jit_step(123)", 0, 10_000)]),
+        Fake(name="XLA Ops", events=[event("convolution.3", 0, 6_000),
+                                     event("fusion.12", 6_000, 9_000),
+                                     event("convolution.3", 9_000, 10_000)]),
+        Fake(name="Steps", events=[event("0", 0, 10_000)]),
+    ])  # fmt: skip
+    spans = profile.spans_of(Fake(planes=[device]))
+    assert [s.row for s in spans].count("device") == 1
+    assert measure.busy_seconds(spans, "device") == pytest.approx(1e-5)
+    seconds = measure.device_op_seconds(spans)
+    assert seconds == pytest.approx({"convolution.3": 7e-6, "fusion.12": 3e-6})
+    modules_only = [s for s in spans if s.row == "device"]  # the old reading: no operation
+    assert measure.device_op_seconds(modules_only) == {}
 
 
 def test_overlap_seconds_counts_time_both_rows_were_busy():

@@ -11,8 +11,13 @@ reads it as planes (a host, each device) of lines (threads, streams) of timed ev
 - "device": compiled code executing. On a CPU backend these are the XLA CPU client's worker
   threads and its intra-op thread pool (the "device" is other threads of the same
   processor), one event per operation, best effort: small kernels run on the calling
-  thread, and JAX 0.12's CPU client names no such threads; on a GPU, the device plane's
-  "XLA Modules" line, one event per program.
+  thread, and JAX 0.12's CPU client names no such threads; on a GPU or a TPU, the device
+  plane's "XLA Modules" line, one event per program.
+
+On a GPU or a TPU, the device plane's "XLA Ops" line also holds one event per operation the
+program executed, named as the compiled program's HLO names it ("fusion.12",
+"convolution.3"): those are kept as row `OP`, outside the four (the "device" row already
+covers their time), for `device_op_seconds`.
 """
 
 import dataclasses
@@ -25,11 +30,12 @@ import jax
 
 HOST_WORK = "host work"
 ROWS = (HOST_WORK, "dispatch", "wait", "device")
+OP = "device op"  # an accelerator's operations, inside its "device" spans
 
 
 @dataclasses.dataclass(frozen=True)
 class Span:
-    row: str  # one of ROWS
+    row: str  # one of ROWS, or OP
     name: str  # the event's own name
     start: float  # seconds since the first kept event
     end: float
@@ -46,8 +52,8 @@ def _is_python_line(line) -> bool:
 
 
 def _row(plane_name: str, line_name: str, event_name: str, python_line: bool) -> str | None:
-    if plane_name.startswith("/device:"):  # GPU/TPU: one event per executed program
-        return "device" if line_name == "XLA Modules" else None
+    if plane_name.startswith("/device:"):  # GPU/TPU: one event per program, and per operation
+        return {"XLA Modules": "device", "XLA Ops": OP}.get(line_name)
     if python_line:
         if event_name == HOST_WORK:
             return HOST_WORK
@@ -147,14 +153,16 @@ def overlap_seconds(spans: list[Span], row: str, other: str) -> float:
 
 def device_op_seconds(spans: list[Span], *, calls: int = 1) -> dict[str, float]:
     """Seconds per call in each compiled operation (a fusion, a custom call, a copy) that the
-    trace names on the "device" row; the spans of loops (`while...`), which contain their
-    bodies' operations, are left out. Empty where the backend's trace names no operations
-    (a GPU's "XLA Modules" line names whole programs; JAX 0.12's CPU client, none)."""
+    trace names: an accelerator's "XLA Ops" (row `OP`) where the trace has them, else the
+    CPU's "device" row; the spans of loops (`while...`), which contain their bodies'
+    operations, and of whole programs (`jit_...`) are left out. Empty where the backend's
+    trace names no operations (JAX 0.12's CPU client names none)."""
     if calls < 1:
         raise ValueError(f"calls must be >= 1, got {calls}")
+    row = OP if any(span.row == OP for span in spans) else "device"
     seconds: dict[str, float] = {}
     for span in spans:
-        if span.row == "device" and not span.name.startswith(("while", "jit_")):
+        if span.row == row and not span.name.startswith(("while", "jit_")):
             seconds[span.name] = seconds.get(span.name, 0.0) + (span.end - span.start) / calls
     return seconds
 
