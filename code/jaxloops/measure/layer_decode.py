@@ -50,18 +50,8 @@ def _steps(params, token, cache, *, steps: int):
     return jax.lax.fori_loop(0, steps, step, (token, cache))
 
 
-def layer_decode_sweep(
-    key: jax.Array,
-    cache_lengths,
-    kv_heads,
-    *,
-    batch: int,
-    heads: int,
-    head_dim: int,
-    dtype,
-    repeats: int,
-    steps: int,
-) -> list[dict]:
+def layer_decode_sweep(key: jax.Array, cache_lengths, kv_heads, *, batch: int, heads: int,
+                       head_dim: int, dtype, repeats: int, steps: int) -> list[dict]:  # fmt: skip
     """Seconds per token of a one-layer model's decode step, for each K and S.
 
     One timed call runs `steps` steps in one compiled loop, the cache carried in its
