@@ -55,7 +55,9 @@ def layer_decode_sweep(key: jax.Array, cache_lengths, kv_heads, *, batch: int, h
     """Seconds per token of a one-layer model's decode step, for each K and S.
 
     One timed call runs `steps` steps in one compiled loop, the cache carried in its
-    `drop_unit_axes` form and donated from call to call (written in place, never copied). At
+    `drop_unit_axes` form and donated from call to call: each step writes its slot in place
+    (XLA:TPU copies MHA's cache into the loop's own layout and back once per call, which the
+    call's steps share). At
     each S the K values take turns, with the roofline's matmul and read
     (`samples_beside_ceiling`).
 
