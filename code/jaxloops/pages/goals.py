@@ -99,9 +99,10 @@ GOALS = (
          "the same `fit`: speed over a Python loop of jitted steps (median of paired rounds)",
          8.0, at_least=True, percent=False, issue="issue 43", backend="tpu"),
     Goal("decode_gqa_of_roofline", 10,
-         "chapter 10's GQA decode step (K = N/4, bfloat16) at the longest cache: share of its "
-         "roofline (the slower of its FLOPs at the matmul ceiling and its cache's bytes at the "
-         "read bandwidth, each the best measured by the build, reads beside the sweep included)",
+         "chapter 10's GQA decode step of a whole layer (K = N/4, bfloat16) at the longest "
+         "cache: share of its roofline (the slower of its FLOPs at the matmul ceiling and its "
+         "weights' and cache's bytes at the read bandwidth, each the best measured by the "
+         "build, reads beside the sweep included)",
          0.70, at_least=True, percent=True, issue="issue 43", backend="tpu"),
     Goal("step_bf16_of_ceiling", 11,
          "the train step at `lm.speed` (about 100 M parameters on the chip, T ≥ 1024), "
