@@ -165,3 +165,25 @@ def test_one_train_step_runs_and_its_loss_is_the_models():
     assert run["step_held"] > 0
     reports = jax.devices()[0].memory_stats() is not None  # None on a CPU
     assert (run["before"] is not None) == (run["after"] is not None) == reports
+
+
+def test_the_table_is_the_same_whether_its_searches_run_at_once_or_in_turn(monkeypatch):
+    """The searches share nothing, so running them in threads changes no answer and no
+    probe; `compile_count` sees every program once either way."""
+    import concurrent.futures
+
+    budget = held(3, B, {})  # L = 3 at B fits without remat
+    techniques = {k: measured.TECHNIQUES[k] for k in ("none", "remat, nothing saved")}
+    measured._grad_program.cache_clear()
+    at_once = fit.largest_fit_table(SMALL_TRANSFORMER, B, T, budget, techniques)
+    compiles = measured.compile_count()
+
+    class InTurn(concurrent.futures.ThreadPoolExecutor):
+        def __init__(self, max_workers=None, **kwargs):
+            super().__init__(max_workers=1, **kwargs)
+
+    monkeypatch.setattr(fit.concurrent.futures, "ThreadPoolExecutor", InTurn)
+    measured._grad_program.cache_clear()
+    in_turn = fit.largest_fit_table(SMALL_TRANSFORMER, B, T, budget, techniques)
+    assert in_turn == at_once and at_once[0]["compiled L"] == 3
+    assert measured.compile_count() == compiles

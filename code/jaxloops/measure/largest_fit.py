@@ -7,6 +7,7 @@ The search compiles and never runs (`memory_analysis()` needs only shapes); `run
 runs one step at the size it found.
 """
 
+import concurrent.futures
 import dataclasses
 import math
 import time
@@ -173,19 +174,33 @@ def compiled_largest(config, batch: int, length: int, budget: int, program: dict
     """
     held = held_or_over(config, batch, length, program)
     margin = formula_margin(config, batch, length, program, held) if held < math.inf else None
-    found = {"margin": margin}
-    for axis, n in (("L", config.num_layers), ("B", batch)):
-        found[axis] = _search(config, batch, length, budget, program, axis, margin, {n: held})
-    return found
+    axes = {"L": config.num_layers, "B": batch}
+    search = lambda axis: _search(config, batch, length, budget, program, axis, margin,
+                                  {axes[axis]: held})  # fmt: skip
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:  # SEARCHES_AT_ONCE says why
+        return {"margin": margin, **dict(zip(axes, pool.map(search, axes)))}
+
+
+# The searches run at once, each in a thread of its own: a search's compiles follow one
+# another, but the ten searches (five techniques, L and B) share nothing. Compiled for a v5e
+# ahead of time on a 2-core machine, chapter 14's table at the chip's sizes was 54 compiles of
+# 10 to 43 s each, 790 s one after another (2026-12-07), where the chip's run had 240 s for the
+# whole chapter. There one compile kept 1.7 cores busy, and two at once gained nothing (31 s
+# against 33 s), nor did the CPU build's table (21 s either way); the chip's host has 13
+# cores, and its device run is what says whether they gain. The answers do not depend on the
+# order: each probe is a pure function of its program, and no two searches probe the same one.
+SEARCHES_AT_ONCE = 10
 
 
 def largest_fit_table(config, batch, length, budget, techniques=TECHNIQUES) -> list[dict]:
     """`compiled_largest` per technique, one row each: the formula's largest L and B, the
     compiled ones, the held bytes at each over the budget, the compiles each search made,
     and what contradicts each answer (`search_problems`, empty when nothing does)."""
+    largest = lambda program: compiled_largest(config, batch, length, budget, program)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=SEARCHES_AT_ONCE // 2) as pool:
+        found_all = list(pool.map(largest, techniques.values()))
     rows = []
-    for name, program in techniques.items():
-        found = compiled_largest(config, batch, length, budget, program)
+    for name, found in zip(techniques, found_all):
         row = {"technique": name, "margin": found["margin"]}
         for axis in ("L", "B"):
             n, probes, step = (found[axis][k] for k in ("compiled", "probes", "step"))
