@@ -52,7 +52,10 @@ def test_the_guess_is_asked_again_with_the_probes_so_far():
 def test_the_line_through_two_compiled_sizes_predicts_the_boundary():
     # Two sizes on a line of bytes, on one side of the budget or on both: its boundary.
     assert fit.line_guess({3: line(3), 4: line(4)}, 100) == 9
-    assert fit.line_guess({20: line(20), 2: line(2), 7: line(7)}, 100) == 9  # 7 and 20 bracket
+    assert fit.line_guess({20: line(20), 2: line(2), 7: line(7)}, 100) == 9  # 2 and 7 nearest
+    # A bent line: the size far from the budget keeps less per example than the two near it.
+    # Through the two nearest the budget, 9; through the far one and the nearest beyond, 7.
+    assert fit.line_guess({1: 60, 12: 125, 13: 135}, 100) == 9
     assert fit.line_guess({30: line(30), 40: line(40)}, 100) == 9
     assert fit.line_guess({3: line(3), 5: line(5)}, 100, step=4) == 8
     # A refused size (infinite bytes) is no point; one point, or bytes that do not grow, no line.
