@@ -178,6 +178,7 @@ def test_the_table_is_the_same_whether_its_searches_run_at_once_or_in_turn(monke
     budget = held(3, B, {})  # L = 3 at B fits without remat
     techniques = {k: measured.TECHNIQUES[k] for k in ("none", "remat, nothing saved")}
     measured._grad_program.cache_clear()
+    monkeypatch.setattr(fit, "SEARCHES_AT_ONCE", 10)  # as a host with 20 cores would run it
     at_once = fit.largest_fit_table(SMALL_TRANSFORMER, B, T, budget, techniques)
     compiles = measured.compile_count()
 

@@ -10,6 +10,7 @@ runs one step at the size it found.
 import concurrent.futures
 import dataclasses
 import math
+import os
 import time
 
 import jax
@@ -175,19 +176,21 @@ def compiled_largest(config, batch: int, length: int, budget: int, program: dict
     axes = {"L": config.num_layers, "B": batch}
     search = lambda axis: _search(config, batch, length, budget, program, axis, margin,
                                   {axes[axis]: held})  # fmt: skip
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:  # SEARCHES_AT_ONCE says why
+    at_once = 2 if SEARCHES_AT_ONCE > 1 else 1  # SEARCHES_AT_ONCE says why
+    with concurrent.futures.ThreadPoolExecutor(max_workers=at_once) as pool:
         return {"margin": margin, **dict(zip(axes, pool.map(search, axes)))}
 
 
-# The searches run at once, each in a thread of its own: a search's compiles follow one
-# another, but the ten searches (five techniques, L and B) share nothing. Compiled for a v5e
-# ahead of time on a 2-core machine, chapter 14's table at the chip's sizes was 54 compiles of
-# 10 to 43 s each, 790 s one after another (2026-12-07), where the chip's run had 240 s for the
-# whole chapter. There one compile kept 1.7 cores busy, and two at once gained nothing (31 s
-# against 33 s), nor did the CPU build's table (21 s either way); the chip's host has 13
-# cores, and its device run is what says whether they gain. The answers do not depend on the
-# order: each probe is a pure function of its program, and no two searches probe the same one.
-SEARCHES_AT_ONCE = 10
+# The searches run at once, each in a thread of its own, on a host with cores to spare: a
+# search's compiles follow one another, but the ten searches (five techniques, L and B)
+# share nothing. One XLA:TPU compile kept 1.7 of a 2-core machine's cores busy, so the table
+# runs half as many searches at once as the host has cores, at most all ten. Compiled for a
+# v5e ahead of time on that machine (2026-12-07), the table at the chip's sizes took 790 s
+# for 54 compiles in turn, 792 s for 46 in threads (11 GB of compilers' memory): there they
+# gain nothing, and there it now runs in turn. The chip's host has 13 cores; its device run
+# says whether they gain. The answers do not depend on the order: each probe is a pure
+# function of its program, and no two searches probe the same one.
+SEARCHES_AT_ONCE = max(1, min(10, (os.cpu_count() or 1) // 2))
 
 
 def largest_fit_table(config, batch, length, budget, techniques=TECHNIQUES) -> list[dict]:
@@ -195,7 +198,7 @@ def largest_fit_table(config, batch, length, budget, techniques=TECHNIQUES) -> l
     compiled ones, the held bytes at each over the budget, the compiles each search made,
     and what contradicts each answer (`search_problems`, empty when nothing does)."""
     largest = lambda program: compiled_largest(config, batch, length, budget, program)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=SEARCHES_AT_ONCE // 2) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max(1, SEARCHES_AT_ONCE // 2)) as pool:
         found_all = list(pool.map(largest, techniques.values()))
     rows = []
     for name, found in zip(techniques, found_all):
