@@ -47,7 +47,7 @@ def test_the_sweep_counts_weights_and_cache_and_its_loop_copies_no_cache():
         assert r["bytes"] == r["weight_bytes"] + r["cache_bytes"]
         # at least the matmuls with the weights: 2 FLOPs per weight and token
         assert r["flops"] >= 2 * BATCH * (r["weight_bytes"] / 4 - (BATCH + 1) * HEADS * HEAD_DIM)
-        assert r["seconds"] > 0
+        assert r["seconds"] > 0 and len(r["round_seconds"]) == 1
     params = params_for(32, 1)
     cache = drop_unit_axes(kv_cache_for(params, BATCH, 32))
     token = jnp.zeros((BATCH, 1), jnp.int32)
@@ -61,25 +61,28 @@ def test_the_sweep_counts_weights_and_cache_and_its_loop_copies_no_cache():
 
 
 def rows_with(short_mha, long_mha):
-    """MQA at 1 ms; MHA at the given times; bytes of weights 10, caches 1 per K and S unit."""
+    """MQA at 1 ms in every round; MHA's rounds as given; bytes of weights 100, caches K * S."""
     rows = []
-    for S, mha_seconds in ((8, short_mha), (64, long_mha)):
-        for K, seconds in ((4, mha_seconds), (2, 1.5e-3), (1, 1e-3)):
+    for S, mha_rounds in ((8, short_mha), (64, long_mha)):
+        for K, rounds in ((4, mha_rounds), (2, [1.5e-3] * 3), (1, [1e-3] * 3)):
             cache = K * S
-            row = {"K": K, "S": S, "seconds": seconds, "weight_bytes": 100, "cache_bytes": cache}
-            rows.append({**row, "bytes": 100 + cache, "predicted": 1e-3})
+            row = {"K": K, "S": S, "seconds": sorted(rounds)[1], "round_seconds": rounds}
+            rows.append({**row, "weight_bytes": 100, "cache_bytes": cache,
+                         "bytes": 100 + cache, "predicted": 1e-3})  # fmt: skip
     return rows
 
 
-def test_the_lead_must_grow_by_the_margin_and_a_flat_one_fails():
-    grows = page.layer_decode_figures(rows_with(1.2e-3, 3e-3), (4, 2, 1))
+def test_the_lead_must_grow_past_the_short_caches_rounds_and_a_flat_one_fails():
+    grows = page.layer_decode_figures(rows_with([1.1e-3, 1.2e-3, 1.4e-3], [3e-3] * 3), (4, 2, 1))
     assert grows["short_lead"] == pytest.approx(1.2) and grows["long_lead"] == pytest.approx(3)
+    assert grows["short_lead_high"] == pytest.approx(1.4) and grows["long_lead_low"] == 3
     assert grows["short_lead_predicted"] == pytest.approx(132 / 108)
     assert grows["gqa_of_roofline"] == pytest.approx(1e-3 / 1.5e-3)
-    assert page.lead_grows(grows, 0.25)
-    flat = page.layer_decode_figures(rows_with(1.2e-3, 1.4e-3), (4, 2, 1))  # 1.4 < 1.25 * 1.2
-    assert not page.lead_grows(flat, 0.25)
+    assert page.lead_grows(grows)
+    # A lead above the short cache's median but not above its highest round: no growth shown
+    flat = page.layer_decode_figures(rows_with([1.1e-3, 1.2e-3, 1.4e-3], [1.3e-3] * 3), (4, 2, 1))
+    assert not page.lead_grows(flat)
     with pytest.raises(ValueError, match="need every K"):
-        page.layer_decode_figures(rows_with(1.2e-3, 3e-3)[:5], (4, 2, 1))
-    table = page.layer_decode_table(rows_with(1.2e-3, 3e-3), 4)
+        page.layer_decode_figures(rows_with([1e-3] * 3, [3e-3] * 3)[:5], (4, 2, 1))
+    table = page.layer_decode_table(rows_with([1.2e-3] * 3, [3e-3] * 3), 4)
     assert table[0]["kind"] == "MHA" and table[0]["weights' share of bytes"] == 100 / 132

@@ -62,7 +62,8 @@ def layer_decode_sweep(key: jax.Array, cache_lengths, kv_heads, *, batch: int, h
     (`samples_beside_ceiling`).
 
     Returns:
-      Rows with K, S, seconds (per step, median of `repeats` calls), weight_bytes
+      Rows with K, S, seconds (per step, median of `repeats` calls; "round_seconds" each
+      round's, the K values' rounds at one S taken in turn, so paired), weight_bytes
       (`weight_bytes`), cache_bytes (the K and V arrays), bytes (their sum) and flops (one
       step's, from the compiler's cost analysis).
     """
@@ -91,6 +92,7 @@ def layer_decode_sweep(key: jax.Array, cache_lengths, kv_heads, *, batch: int, h
             one = lambda p, t, c: _steps(p, t, c, steps=1)
             row = {"K": int(kv), "S": int(length),
                    "seconds": statistics.median(samples[kv]) / steps,
+                   "round_seconds": [t / steps for t in samples[kv]],
                    "weight_bytes": weight_bytes(params[kv], batch),
                    "cache_bytes": tree_bytes(cache),
                    "flops": compiled_flops(one, params[kv], token, cache)}  # fmt: skip
