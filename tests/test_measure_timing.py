@@ -176,6 +176,10 @@ def test_paired_ratio_divides_out_a_slow_round():
     assert measure.paired_ratio(samples["a"], samples["b"]) != 2.2 / 2.0
     with pytest.raises(ValueError, match="same length"):
         measure.paired_ratio([1.0], [])
+    # The median with the least and the most round beside it
+    assert measure.paired_spread(samples["a"], samples["b"]) == pytest.approx((2.0, 1.1, 2.0))
+    with pytest.raises(ValueError, match="same length"):
+        measure.paired_spread([1.0], [])
 
 
 def test_a_claim_of_faster_needs_the_wins_a_coin_reaches_less_than_once_in_100():

@@ -32,7 +32,7 @@ from jaxloops.data import Batch
 from jaxloops.measure import breakdown
 from jaxloops.measure.compiled import lowered_flops
 from jaxloops.measure.roofline import ceiling_matmul, roofline, samples_beside_ceiling
-from jaxloops.measure.timing import interleaved_samples, paired_ratio
+from jaxloops.measure.timing import interleaved_samples, paired_ratio, paired_spread
 from jaxloops.precision import compute_in
 from jaxloops.text import VOCAB_SIZE
 from jaxloops.train import make_optimizer, make_train_step
@@ -160,12 +160,12 @@ def precision_rates(wide: dict, narrow: dict, rounds: int) -> dict:
     ceilings = {k: 2.0 * n**3 / min(samples[f"matmul {k}"]) for k in ("float32", "bfloat16")}
     seconds = {k: statistics.median(samples[k]) for k in ("float32", "bfloat16")}
     flops = {"float32": wide["step_flops"], "bfloat16": narrow["step_flops"]}
-    per_round = [w / n for w, n in zip(samples["float32"], samples["bfloat16"])]
+    speedup, slowest, fastest = paired_spread(samples["float32"], samples["bfloat16"])
     return {
         "seconds": seconds,
-        "speedup": paired_ratio(samples["float32"], samples["bfloat16"]),
-        "speedup_low": min(per_round),
-        "speedup_high": max(per_round),
+        "speedup": speedup,
+        "speedup_low": slowest,
+        "speedup_high": fastest,
         "ceilings": ceilings,
         "matmul_ratio": matmul_time_ratio(a, b, a16, b16),
         "of_ceiling": {k: flops[k] / seconds[k] / ceilings[k] for k in seconds},
@@ -196,9 +196,8 @@ def time_ratios(base: dict, variants: dict[str, dict], rounds: int) -> dict[str,
     samples = interleaved_samples(runs, rounds)
     ratios = {}
     for name in variants:
-        per_round = [v / b for v, b in zip(samples[name], samples["base"])]
-        ratios[name] = {"ratio": paired_ratio(samples[name], samples["base"]),
-                        "low": min(per_round), "high": max(per_round),
+        ratio, low, high = paired_spread(samples[name], samples["base"])
+        ratios[name] = {"ratio": ratio, "low": low, "high": high,
                         "seconds": statistics.median(samples[name])}  # fmt: skip
     return ratios
 

@@ -276,6 +276,13 @@ def paired_ratio(a: list[float], b: list[float]) -> float:
     return statistics.median(x / y for x, y in zip(a, b))
 
 
+def paired_spread(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """a's time over b's, round by round (two runs' lists from `interleaved_samples`): the
+    median (`paired_ratio`), the least and the most of the rounds."""
+    rounds = [x / y for x, y in zip(a, b)]
+    return paired_ratio(a, b), min(rounds), max(rounds)
+
+
 def worst_paired_ratio(a: list[float], b: list[float]) -> float:
     """The largest over rounds of a's time over b's in the same round: the worst of the
     paired rounds, reported beside the rule's count (`faster_rounds`)."""

@@ -3,7 +3,7 @@ tables and plots, and what serving a large model would keep (book/10_heads_and_c
 
 from jaxloops.kvcache import attention_kind, kv_cache_bytes
 from jaxloops.measure.roofline import CEILING_MARGIN
-from jaxloops.measure.timing import paired_ratio
+from jaxloops.measure.timing import paired_ratio, paired_spread
 from jaxloops.pages.ch08_attention import log2_axes
 from jaxloops.pages.common import MiB
 from jaxloops.pages.render import subplots
@@ -357,9 +357,8 @@ def layer_decode_figures(rows: list[dict], kv_choices) -> dict:
     figures = {"short": lengths[0], "long": lengths[-1]}
     for name, S in (("short", lengths[0]), ("long", lengths[-1])):
         slow, fast = at[mha, S], at[mqa, S]
-        rounds = [a / b for a, b in zip(slow["round_seconds"], fast["round_seconds"])]
-        figures[f"{name}_lead"] = paired_ratio(slow["round_seconds"], fast["round_seconds"])
-        figures[f"{name}_lead_low"], figures[f"{name}_lead_high"] = min(rounds), max(rounds)
+        lead, low, high = paired_spread(slow["round_seconds"], fast["round_seconds"])
+        figures |= {f"{name}_lead": lead, f"{name}_lead_low": low, f"{name}_lead_high": high}
         figures[f"{name}_lead_predicted"] = slow["bytes"] / fast["bytes"]
         figures[f"{name}_mqa_weight_share"] = fast["weight_bytes"] / fast["bytes"]
     long_gqa = at[gqa, lengths[-1]]

@@ -383,8 +383,6 @@ def precision_prediction(matmul_share: float, rates: dict, wide_kernels, narrow_
     rest moves the bytes the bfloat16 program's other kernels move (`breakdown.kernels_of`,
     the compiler's count) against the float32 one's.
     Both programs' kernels are read from their HLO; nothing is timed here."""
-    if not 0 <= matmul_share <= 1:
-        raise ValueError(f"matmul_share must be in [0, 1], got {matmul_share}")
     ceiling_ratio = rates["matmul_ratio"]
     ratios = kernel_prediction(matmul_share, wide_kernels, narrow_kernels, ceiling_ratio)
     bytes_ratio, time_ratio = ratios["bytes_ratio"], ratios["time_ratio"]
