@@ -1,6 +1,8 @@
 """Chapter 10's page: head grouping and the cache's layout drawn, the decode sweep's figures,
 tables and plots, and what serving a large model would keep (book/10_heads_and_cache.md)."""
 
+import math
+
 from jaxloops.kvcache import attention_kind, kv_cache_bytes
 from jaxloops.measure.roofline import CEILING_MARGIN
 from jaxloops.measure.timing import paired_ratio, paired_spread
@@ -12,6 +14,12 @@ from jaxloops.pages.render import subplots
 # last-level cache: the floor's bandwidth is then a cached read's, and a smaller cache sits
 # closer to the cores (a CI build read 1.06; others below 1).
 IN_CACHE_MARGIN = 0.25
+
+# The least the (B, S, K, H) layout may cost `decode_attention` where its compiled program
+# transposes that cache: the transposes read and write the whole cache before the step reads
+# it (this CPU: 8.9 times; a TPU v5e's program held no transpose, and both layouts took 6.5 ms).
+TRANSPOSED_SLOWDOWN = 1.5
+HEADS_MAJOR, SWAPPED = "(B, K, S, H)", "(B, S, K, H)"  # the layouts `decode_layout_control` stores
 
 
 def in_place_figures(rows: list[dict], large_batch: int) -> dict:
@@ -28,14 +36,136 @@ def in_place_figures(rows: list[dict], large_batch: int) -> dict:
     }
 
 
+def _size_one(row: dict) -> bool:
+    return row["B"] == 1 or row["K"] == 1
+
+
+def _loop_figures(row: dict):
+    """(cache MiB, copies as given, copies in drop_unit_axes, scratch MiB as given, scratch
+    MiB in drop_unit_axes) of one `loop_memory_rows` row."""
+    return (
+        row["cache MiB (K and V)"],
+        row["copies, as given"],
+        row["copies, drop_unit_axes"],
+        row["scratch MiB, as given"],
+        row["scratch MiB, drop_unit_axes"],
+    )
+
+
+def in_place_claims(rows: list[dict]) -> dict[str, bool]:
+    """What the page claims of `loop_memory_rows` (the loops "as given" and
+    "drop_unit_axes"), on every backend, each tied to the cache-sized copies the compiled loop
+    bodies hold (a compiler may or may not copy a cache with a size-1 axis in the loop):
+
+    - carried in `drop_unit_axes`, every cache is aliased and no loop body copies it;
+    - without a size-1 axis the two loops are one program: no copy, the same scratch;
+    - where the as-given loop body copies the cache, that costs at least a cache of scratch,
+      more than `drop_unit_axes` needs;
+    - with B = 1, `drop_unit_axes` saves more than a whole cache of scratch exactly where the
+      as-given loop copies it (and not where it does not).
+
+    Returns:
+      {the claim, with its row's numbers: whether it holds}.
+    """
+    claims = {}
+    for row in rows:
+        cache, given, looped, given_mib, loop_mib = _loop_figures(row)
+        where = (
+            f"{row['kind']}, B = {row['B']}: {given} and {looped} copies, {given_mib:.4g} and "
+            f"{loop_mib:.4g} MiB of scratch, as given and in drop_unit_axes, beside a "
+            f"{cache:.4g} MiB cache"
+        )
+        claims[f"drop_unit_axes aliases the cache and copies none in the loop ({where})"] = (
+            row["aliased MiB"] == cache and looped == 0
+        )
+        if not _size_one(row):
+            claims[f"without a size-1 axis both loops are one program ({where})"] = (
+                given == 0 and given_mib == loop_mib
+            )
+        if given > 0:
+            claims[f"the copy in the as-given loop costs a cache of scratch ({where})"] = (
+                given_mib >= cache and given_mib > loop_mib
+            )
+        if row["B"] == 1:
+            claims[f"B = 1 saves a cache's worth exactly where as given copies it ({where})"] = (
+                given_mib - loop_mib > cache
+            ) == (given > 0)
+    return claims
+
+
+def in_place_sentences(rows: list[dict], large_batch: int) -> dict[str, str]:
+    """The page's sentences (Markdown) on `loop_memory_rows`, from what the compiled loops
+    hold: "in_place_size1", the loops with a size-1 axis (whether carrying the cache as
+    given copied it in the loop, and what B = 1 saved), and "in_place_large", the scratch of
+    MHA's one program at B = `large_batch`."""
+    figures = in_place_figures(rows, large_batch)
+    size_one = [row for row in rows if _size_one(row)]
+    copied = [row for row in size_one if row["copies, as given"] > 0]
+    batch_one = [row for row in rows if row["B"] == 1]
+    saved = [
+        row
+        for row in batch_one
+        if row["scratch MiB, as given"] - row["scratch MiB, drop_unit_axes"]
+        > row["cache MiB (K and V)"]
+    ]
+    mha_1 = (
+        f"one sequence of MHA needs {figures['b1_mha_scratch']:.0f} MiB of scratch carried as "
+        f"given and {figures['b1_mha_loop_scratch']:.1f} MiB carried in `drop_unit_axes`, "
+        f"beside a {figures['b1_mha_cache_mib']:.0f} MiB cache"
+    )
+    if size_one and len(copied) == len(size_one):
+        size1 = (
+            f"The prediction holds: carried as given, every loop with a size-1 axis copies the "
+            f"cache inside its body, and {mha_1}. Every loop with B = 1 saves more than its "
+            f"whole cache's worth of scratch."
+        )
+    elif not copied:
+        size1 = (
+            f"Here the prediction's cause is absent, and so is its effect: carried as given, "
+            f"no loop with a size-1 axis copies the cache inside its body, so "
+            f"`drop_unit_axes` has no copy to save. {mha_1[0].upper()}{mha_1[1:]}, and no loop "
+            f"with B = 1 saves a cache's worth of scratch."
+        )
+    else:
+        size1 = (
+            f"Carried as given, {len(copied)} of the {len(size_one)} loops with a size-1 axis "
+            f"copy the cache inside their body, and {mha_1}. The {len(saved)} of "
+            f"{len(batch_one)} loops with B = 1 that save more than a whole cache's worth of "
+            f"scratch are those whose as-given loop copied it."
+        )
+    scratch, cache = figures["mha_scratch"], figures["mha_cache_mib"]
+    if scratch < cache / 4:
+        large = (
+            f"its scratch is a small fraction of the cache (MHA, B = {large_batch}: "
+            f"{scratch:.1f} MiB beside a {cache:.0f} MiB cache)"
+        )
+    else:
+        large = (
+            f"its scratch is {scratch / cache:.1f} times the cache (MHA, B = {large_batch}: "
+            f"{scratch:.0f} MiB beside a {cache:.0f} MiB cache), and none of it is a copy "
+            f"inside the loop body (the count above): it is paid once per call, not on every "
+            f"step"
+        )
+    return {"in_place_size1": size1, "in_place_large": large}
+
+
 def mqa_note(row: dict, large_batch: int) -> str:
     """The sentence on MQA's scratch with B = `large_batch` (`row`, from `loop_memory_rows`)."""
     scratch, cache = row["scratch MiB, drop_unit_axes"], row["cache MiB (K and V)"]
     if scratch < cache / 4:
         return f"MQA with B = {large_batch} is in place too."
-    return (
+    kept = (
         f"MQA with B = {large_batch} keeps {scratch:.0f} MiB of scratch beside its "
-        f"{cache:.0f} MiB cache, but not in the loop: the compiled loop body copies no "
+        f"{cache:.0f} MiB cache"
+    )
+    if row["scratch MiB, as given"] == scratch:
+        return (
+            f"{kept}, as much as carried as given, so none of it is `drop_unit_axes`'s; and "
+            f"none of it is a copy inside the loop body (checked above): it is paid once per "
+            f"call, not on every step."
+        )
+    return (
+        f"{kept}, but not in the loop: the compiled loop body copies no "
         f"cache-sized array (checked above), and the copy is XLA giving the (B, S, H) result "
         f"back the (B, 1, S, H) shape the caller passed in, once per call."
     )
@@ -181,22 +311,211 @@ def floor_figures(decode: list[dict], llc: int | None, length: int, heads: int) 
     }
 
 
-def layout_figures(layout_rows: list[dict]) -> dict:
-    """`decode_layout_control`'s four calls split apart: the layout alone, the function
-    alone, and both at once, each against `decode_attention` on the heads-major cache."""
-    cell = {(r["function"], r["layout"]): r for r in layout_rows}
-    heads_major, swapped = "(B, K, S, H)", "(B, S, K, H)"
-    base = cell["decode_attention", heads_major]
+def beside_clause(figures: dict) -> str:
+    """How MHA's read at the longest cache stands against the roofline's read
+    (`decode_figures`' "mha_gbs", and "roof_gbs_beside", the ceiling the steps are held to)."""
+    if figures["mha_gbs"] <= figures["roof_gbs_beside"]:
+        return "a shared machine's bandwidth of the moment is often well below it."
+    return (
+        "MHA's step read faster than that read did, which the floor below accounts for: the "
+        "two are not timed alike."
+    )
+
+
+def call_cost(single_seconds: float, per_step_seconds: float, steps: int) -> float:
+    """What one call costs beyond its work (starting the program, waiting for its result),
+    from one step timed both ways: as a call of its own (`single_seconds`) and per step of
+    calls of `steps` steps (`per_step_seconds`, which carries 1/steps of that cost). Never
+    below 0: a call of its own that ran faster than a step of the loop shows no such cost."""
+    if steps < 2:
+        raise ValueError(f"need calls of at least 2 steps to tell a call's cost, got {steps}")
+    return max(0.0, (single_seconds - per_step_seconds) * steps / (steps - 1))
+
+
+def timed_alike(
+    decode: list[dict],
+    layout_rows: list[dict],
+    roofline,
+    *,
+    llc: int | None,
+    length: int,
+    heads: int,
+    steps: int,
+) -> dict:
+    """The floor with the step and the roofline's read timed alike.
+
+    Each sample of the roofline's read is one call; the sweep (`decode`, each row with its
+    "predicted" seconds from `roofline`) times calls of `steps` steps. `decode_layout_control`'s
+    `decode_attention` on the heads-major cache (`layout_rows`) is the sweep's MHA step at
+    S = `length` (K = `heads`) timed one call at a time, as the read is: it is held to the
+    floor as `floor_figures` holds a step ("alike_floor", with its margin). The sweep's steps
+    are held to the floor with the read's time less the call's cost that the same step,
+    timed both ways, shows (`call_cost`): "call_explains" is how much faster that makes the
+    read (infinite where the cost is as long as the read itself, which then bounds nothing).
+    """
+    at = {(r["K"], r["S"]): r for r in decode}
+    if (heads, length) not in at:
+        raise ValueError(f"the sweep has no MHA row (K = {heads}) at S = {length}")
+    step = at[heads, length]
+    single = {(r["function"], r["layout"]): r for r in layout_rows}["decode_attention", HEADS_MAJOR]
+    alike = floor_figures([dict(step, seconds=single["seconds"])], llc, length, heads)
+    sweep = floor_figures(decode, llc, length, heads)
+    cost = call_cost(single["seconds"], step["seconds"], steps)
+    read = roofline.read_bytes / roofline.bytes_per_s  # the best read's seconds, one call
+    left = read - cost
     return {
-        "layout_alone": paired_ratio(cell["decode_attention", swapped]["samples"], base["samples"]),
-        "function_alone": paired_ratio(cell["attention", heads_major]["samples"], base["samples"]),
-        "general_ratio": paired_ratio(cell["attention", swapped]["samples"], base["samples"]),
+        "alike_ms": float(single["seconds"] * 1e3),
+        "alike_step_ms": float(step["seconds"] * 1e3),
+        "alike_steps": steps,
+        "call_ms": float(cost * 1e3),
+        "alike_floor": float(alike["floor_worst"]),
+        "alike_margin": float(alike["floor_margin"]),
+        "sweep_floor": float(sweep["floor_worst"]),
+        "sweep_margin": float(sweep["floor_margin"]),
+        "call_explains": float(read / left) if left > 0 else math.inf,
+        "read_gbs_alike": float(roofline.read_bytes / left / 1e9) if left > 0 else math.inf,
+    }
+
+
+def floor_claims(figures: dict) -> dict[str, bool]:
+    """What the page claims of `timed_alike`'s figures, on every backend: timed alike, one
+    call each, the MHA step does not beat its floor by more than its margin; and no step of
+    the sweep beats the floor by more than its margin and the call's cost together explain."""
+    f = figures
+    bound = (1 + f["sweep_margin"]) * f["call_explains"]
+    return {
+        f"timed alike with the roofline's read, one call each, MHA's step ran at "
+        f"{f['alike_floor']:.3f} of its floor's speed, at most 1 + {f['alike_margin']:.2f}": (
+            f["alike_floor"] <= 1 + f["alike_margin"]
+        ),
+        f"the sweep's fastest step ran at {f['sweep_floor']:.3f} of its floor's speed, at most "
+        f"{bound:.3f}: 1 + {f['sweep_margin']:.2f}, times the {f['call_explains']:.3f} that "
+        f"a call's cost of {f['call_ms']:.3f} ms explains": f["sweep_floor"] <= bound,
+    }
+
+
+def floor_sentence(figures: dict) -> str:
+    """The page's sentences (Markdown) on the floor timed alike (`timed_alike`)."""
+    f = figures
+    text = (
+        f"As a call of its own the step took {f['alike_ms']:.2f} ms, against "
+        f"{f['alike_step_ms']:.2f} ms per step in the sweep's calls of {f['alike_steps']}. "
+        f"Timed alike with the read, it ran at {f['alike_floor']:.2f} of the floor's speed "
+        f"(the page fails above 1 + {f['alike_margin']:.0%})."
+    )
+    if f["sweep_floor"] <= 1 + f["sweep_margin"]:
+        return text + " No step of the sweep beat the floor by more than that margin either."
+    return text + (
+        f" The sweep's fastest step, at {f['sweep_floor']:.2f} of the floor's speed, beat it "
+        f"by what a call costs here: a step called on its own took {f['call_ms']:.2f} ms more "
+        f"than its share of a call of {f['alike_steps']}, and without those "
+        f"{f['call_ms']:.2f} ms the roofline's read runs at {f['read_gbs_alike']:.0f} GB/s, "
+        f"{f['sweep_floor'] / f['call_explains']:.2f} of which that step reached (the page "
+        f"fails where a step beats the floor by more than the margin and that cost explain)."
+    )
+
+
+def layout_figures(layout_rows: list[dict]) -> dict:
+    """`decode_layout_control`'s four calls split apart: the layout alone (with its paired
+    rounds' least and most), the function alone, and both at once, each against
+    `decode_attention` on the heads-major cache; and each program's whole-cache transposes."""
+    cell = {(r["function"], r["layout"]): r for r in layout_rows}
+    base = cell["decode_attention", HEADS_MAJOR]
+    alone, low, high = paired_spread(cell["decode_attention", SWAPPED]["samples"], base["samples"])
+    return {
+        "layout_alone": alone,
+        "layout_alone_low": low,
+        "layout_alone_high": high,
+        "function_alone": paired_ratio(cell["attention", HEADS_MAJOR]["samples"], base["samples"]),
+        "general_ratio": paired_ratio(cell["attention", SWAPPED]["samples"], base["samples"]),
         "heads_major_ms": float(base["seconds"] * 1e3),
-        "general_ms": float(cell["attention", swapped]["seconds"] * 1e3),
-        "general_transposes": cell["attention", swapped]["transposes"],
-        "general_hm_transposes": cell["attention", heads_major]["transposes"],
+        "general_ms": float(cell["attention", SWAPPED]["seconds"] * 1e3),
+        "general_transposes": cell["attention", SWAPPED]["transposes"],
+        "general_hm_transposes": cell["attention", HEADS_MAJOR]["transposes"],
         "base_transposes": base["transposes"],
-        "swapped_transposes": cell["decode_attention", swapped]["transposes"],
+        "swapped_transposes": cell["decode_attention", SWAPPED]["transposes"],
+    }
+
+
+def layout_margin(figures: dict) -> float:
+    """How far from 1 `decode_attention`'s time on the (B, S, K, H) cache over its time on
+    its own may sit and still be the same time: the larger of `CEILING_MARGIN` and the spread
+    of the paired rounds ((most - least) / median, as `Roofline.spread`)."""
+    f = figures
+    return max(CEILING_MARGIN, (f["layout_alone_high"] - f["layout_alone_low"]) / f["layout_alone"])
+
+
+def layout_claims(figures: dict) -> dict[str, bool]:
+    """What the page claims of `layout_figures`, on every backend: `decode_attention`'s
+    program transposes no cache stored in its own (B, K, S, H) layout; and the (B, S, K, H)
+    layout costs it time where, and because, its compiled program transposes that cache: at
+    least `TRANSPOSED_SLOWDOWN` times the step with a whole-cache transpose, the same time
+    within `layout_margin` with none."""
+    f = figures
+    base, swapped, ratio = f["base_transposes"], f["swapped_transposes"], f["layout_alone"]
+    claims = {
+        f"decode_attention's program transposes no cache stored (B, K, S, H): {base}": base == 0
+    }
+    if swapped >= 1:
+        claims[
+            f"its program transposes the (B, S, K, H) cache ({swapped} whole-cache transposes), "
+            f"so that layout makes the step at least {TRANSPOSED_SLOWDOWN} times slower: "
+            f"{ratio:.2f}"
+        ] = ratio >= TRANSPOSED_SLOWDOWN
+    else:
+        margin = layout_margin(f)
+        claims[
+            f"its program reads the (B, S, K, H) cache without a transpose, so both layouts "
+            f"take the same time: {ratio:.3f} within 1 +- {margin:.3f} (rounds "
+            f"{f['layout_alone_low']:.3f} to {f['layout_alone_high']:.3f})"
+        ] = 1 / (1 + margin) <= ratio <= 1 + margin
+    return claims
+
+
+def layout_sentences(figures: dict) -> dict[str, str]:
+    """The page's sentences (Markdown) on the layout alone, from its program's transposes:
+    "layout_alone_text" (what the (B, S, K, H) layout cost `decode_attention`, and why),
+    "layout_choice" (why the package's cache is heads-major, in that light) and
+    "layout_takeaway" (the same, in the page's summary)."""
+    f = figures
+    if f["swapped_transposes"] >= 1:
+        return {
+            "layout_alone_text": (
+                f"the (B, S, K, H) layout alone makes `decode_attention` "
+                f"{f['layout_alone']:.1f} times slower, the {f['swapped_transposes']} "
+                f"transposes of the whole cache in its program reading and writing it before "
+                f"the step starts"
+            ),
+            "layout_choice": (
+                "A cache layout is chosen once, for the step that reads it every token; the "
+                "layout-alone row is why the package's one cache is heads-major."
+            ),
+            "layout_takeaway": (
+                f"the general (B, S, K, H) layout pays a transpose of the whole cache every "
+                f"step where the compiled program makes one ({f['layout_alone']:.1f} times "
+                f"slower here, the function held fixed)"
+            ),
+        }
+    return {
+        "layout_alone_text": (
+            f"the (B, S, K, H) layout alone leaves `decode_attention` at "
+            f"{f['layout_alone']:.2f} times its time (its rounds ran from "
+            f"{f['layout_alone_low']:.2f} to {f['layout_alone_high']:.2f}): its compiled "
+            f"program reads that layout without a whole-cache transpose"
+        ),
+        "layout_choice": (
+            "A cache layout is chosen once, for the step that reads it every token. Here the "
+            "other layout cost `decode_attention` nothing, its program holding no transpose "
+            "of it; where a compiler does transpose it, the page requires that to cost at "
+            f"least {TRANSPOSED_SLOWDOWN} times the step, and the heads-major cache, which "
+            "`decode_attention` reads without a transpose (checked on every build), never "
+            "pays it. That is why the package's one cache is heads-major."
+        ),
+        "layout_takeaway": (
+            f"the general (B, S, K, H) layout pays a transpose of the whole cache every step "
+            f"where the compiled program makes one (here it made none, and took "
+            f"{f['layout_alone']:.2f} times the time, the function held fixed)"
+        ),
     }
 
 
