@@ -99,3 +99,31 @@ def test_run_numbers_are_the_runs_and_none_where_it_did_not_get_there():
     failed = page.run_numbers({**run, "loss": None, "step_held": None}, row, 10 * MiB)
     assert failed["run_loss"] is None and failed["run_held"] is None
     assert failed["run_over_search"] is None
+
+
+def test_loss_scaling_claims_tie_the_bound_to_float16s_subnormals():
+    """The CPU's run (subnormals kept, scaled inside the bound) and the chip's of 2026-12-07
+    (scaled 0.367, alone 1.06 against 0.0156: inside only where subnormals are kept) hold;
+    each known-wrong answer fails one claim."""
+    bound = 16 * 2.0**-10
+    cpu = {"scaled": 0.004, "alone": 0.6}
+    chip = {"scaled": 0.367, "alone": 1.061}
+    assert all(page.loss_scaling_claims(cpu, bound, keeps_subnormals=True).values())
+    assert all(page.loss_scaling_claims(chip, bound, keeps_subnormals=False).values())
+    wrong = [
+        (chip, True),  # outside the bound though the backend keeps subnormals
+        (cpu, False),  # inside though the backend flushes them
+        ({"scaled": 0.9, "alone": 0.8}, False),  # scaling made it worse
+        ({"scaled": 0.001, "alone": 0.01}, True),  # float16 alone inside the bound
+    ]
+    for gaps, keeps in wrong:
+        assert not all(page.loss_scaling_claims(gaps, bound, keeps).values()), (gaps, keeps)
+
+
+def test_loss_scaling_sentence_says_what_the_backend_did():
+    bound = 16 * 2.0**-10
+    kept = page.loss_scaling_sentence({"scaled": 0.004, "alone": 0.6}, bound, True, 0.2)
+    assert "stays within 0.40 %" in kept and "1.6 %" in kept and "60.0 %" in kept
+    flushed = page.loss_scaling_sentence({"scaled": 0.367, "alone": 1.061}, bound, False, 0.42)
+    assert "flushes float16's subnormals" in flushed and "42 %" in flushed
+    assert "36.7 %" in flushed and "106.1 %" in flushed

@@ -143,6 +143,44 @@ def run_memory_sentence(run: dict, budget: int) -> str:
     return said + f": the run did not raise the peak set earlier ({earlier / MiB:,.0f} MiB)."
 
 
+def loss_scaling_claims(gaps: dict, bound: float, keeps_subnormals: bool) -> dict[str, bool]:
+    """Chapter 14's claims for float16 and loss scaling, from the curves' largest relative
+    gaps to float32 (`gaps`: "scaled", "alone") and `bound` (16 float16 roundings): float16
+    alone lies outside the bound; scaling narrows the gap; and the scaled run lies inside
+    the bound exactly where the backend keeps float16's subnormals (the gradients of W x loss
+    live among them: a backend that flushes them to zero loses those gradients, scaled or
+    not)."""
+    scaled, alone = gaps["scaled"], gaps["alone"]
+    return {
+        f"float16 alone lies outside the bound: {alone:.4f} > {bound:.4f}": alone > bound,
+        f"loss scaling narrows float16's gap: {scaled:.4f} < {alone:.4f}": scaled < alone,
+        f"the scaled run is inside the bound ({scaled:.4f} <= {bound:.4f}) exactly where "
+        f"float16 keeps its subnormals ({keeps_subnormals})": (scaled <= bound) == keeps_subnormals,
+    }
+
+
+def loss_scaling_sentence(gaps: dict, bound: float, keeps_subnormals: bool, below: float) -> str:
+    """What the scaled float16 run did against float32, as the page's sentence; `below`: the
+    share of the parameters' nonzero float32 gradients of W x loss that, at the run's starting
+    scale, lie below float16's smallest normal number."""
+    scaled, alone, bound_pc = 100 * gaps["scaled"], 100 * gaps["alone"], 100 * bound
+    if keeps_subnormals:
+        return (
+            f"Started at 2¹⁵, with the same growth interval, the float16 run's loss stays "
+            f"within {scaled:.2f} % of float32's at every epoch (the bound is 16 float16 "
+            f"roundings, {bound_pc:.1f} %; float16 alone is {alone:.1f} % away at its worst)."
+        )
+    return (
+        "This backend flushes float16's subnormals to zero: half of 2⁻¹⁴, float16's smallest "
+        f"normal number, computed as 0. Scaled by 2¹⁵, {100 * below:.0f} % of the parameters' "
+        "gradients of W × loss still lie below that number, and a flushing backend sets such "
+        "values to zero. Started at 2¹⁵, the float16 "
+        f"run's loss ends up {scaled:.1f} % from float32's at its worst epoch. That is outside "
+        f"the bound of 16 float16 roundings ({bound_pc:.1f} %), though closer than float16 "
+        f"alone ({alone:.1f} %)."
+    )
+
+
 # The techniques the prose names, by the short name of their glued numbers.
 FIT_NAMES = {
     "none": "none",
