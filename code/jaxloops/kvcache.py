@@ -94,10 +94,11 @@ def drop_unit_axes(cache):
     """Cache arrays (B, K, S, H) without their size-1 B and K axes: the same bytes, shaped as
     the matrix products of a decode step read them. Works on one array or a whole cache.
 
-    XLA drops size-1 axes from a product's operands. A loop that carries a (1, K, S, H)
-    cache, or (B, 1, S, H), would hand its products a reshaped view of the array it has just
-    written, and XLA then writes the new slot twice, into the carry and into a full copy of
-    the cache, on every step. A loop that carries this form has nothing to reshape.
+    XLA can drop size-1 axes from a product's operands. A loop that carries a (1, K, S, H)
+    cache, or (B, 1, S, H), may then hand its products a reshaped view of the array it has
+    just written, and XLA:CPU writes the new slot twice, into the carry and into a full copy
+    of the cache, on every step (XLA:TPU, for a v5e, made no such copy). A loop that carries
+    this form has nothing to reshape, whatever the compiler.
     """
 
     def squeeze(x):
