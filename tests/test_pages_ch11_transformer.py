@@ -232,3 +232,21 @@ def test_a_variant_is_predicted_from_its_matmul_flops_and_its_other_bytes():
     assert same == 1.0 and not page.within_spread(same, 1.35, 1.5, 0.1)
     with pytest.raises(ValueError, match="matmul_share must be in"):
         page.kernel_prediction(-0.1, base, remat)
+
+
+def test_precision_groups_puts_the_two_breakdowns_side_by_side():
+    group = lambda s, b: {"seconds": s, "bytes": b, "flops": 0.0, "predicted": 0.0, "kernels": 1}
+    wide = {"matmul: MLP": group(0.010, 8e6), "norms": group(0.002, 4e6), "loss": group(0.0, 1e6)}
+    narrow = {
+        "norms": group(0.003, 2e6),
+        "matmul: MLP": group(0.009, 4e6),
+        "casts": group(1e-3, 6e6),
+    }
+    rows = page.precision_groups(wide, narrow)
+    assert [r["group"] for r in rows] == ["matmul: MLP", "norms", "loss", "casts"]
+    mlp, norms, loss, casts = rows
+    assert mlp["float32 ms"] == pytest.approx(10.0) and mlp["bfloat16 ms"] == pytest.approx(9.0)
+    assert mlp["time, bf16 / f32"] == pytest.approx(0.9) and mlp["bfloat16 MB"] == 4.0
+    assert norms["time, bf16 / f32"] == pytest.approx(1.5)  # a group bfloat16 made slower
+    assert loss["bfloat16 ms"] == 0.0 and loss["time, bf16 / f32"] is None
+    assert casts["float32 ms"] == 0.0 and casts["time, bf16 / f32"] is None  # bf16's alone

@@ -243,6 +243,26 @@ def against_control(step_time: dict, groups: dict, control_groups: dict) -> dict
     }
 
 
+def precision_groups(wide: dict[str, dict], narrow: dict[str, dict]) -> list[dict]:
+    """The float32 step's and the bfloat16 step's breakdowns (`step_speed.step_breakdown`)
+    side by side, one row per group, the float32 step's largest first: each one's traced
+    milliseconds and the kernels' megabytes, and bfloat16's time over float32's (None where
+    float32 traced none). The gap between a prediction and the two steps' times lies in the
+    groups whose time ratio differs from what the prediction assumed for them."""
+    rows = []
+    for name in [*wide, *(n for n in narrow if n not in wide)]:
+        f32, bf16 = (side.get(name, {"seconds": 0.0, "bytes": 0.0}) for side in (wide, narrow))
+        rows.append({
+            "group": name,
+            "float32 ms": 1e3 * f32["seconds"],
+            "bfloat16 ms": 1e3 * bf16["seconds"],
+            "time, bf16 / f32": bf16["seconds"] / f32["seconds"] if f32["seconds"] else None,
+            "float32 MB": f32["bytes"] / 1e6,
+            "bfloat16 MB": bf16["bytes"] / 1e6,
+        })  # fmt: skip
+    return rows
+
+
 def draw_breakdown(ax, groups: dict[str, dict], title: str) -> None:
     """Each group's traced and roofline milliseconds as paired horizontal bars."""
     names = list(groups)[::-1]
