@@ -207,6 +207,10 @@ def logged(command: list[str], log: pathlib.Path, seconds: float) -> int | None:
             return None
 
 
+# Why a chapter the run's budget cut off has no entry of its own: `record` keeps its earlier record
+BUDGET_STOP = "killed at the run's budget"
+
+
 def chapters(out: pathlib.Path, seconds: float, recorded: dict, only: list[str]) -> dict:
     """Each chapter in a process of its own, as the book build gives each a fresh kernel:
     chapter 12 sets the number of CPU devices before JAX starts, and a chapter's settings
@@ -231,7 +235,7 @@ def chapters(out: pathlib.Path, seconds: float, recorded: dict, only: list[str])
         )
         entry = next((e for e in entries if e["chapter"] == number(path)), None)
         if entry is None:  # killed at the budget, or the process died (a crash in XLA, say)
-            why = "killed at the run's budget" if status is None else f"the process died ({status})"
+            why = BUDGET_STOP if status is None else f"the process died ({status})"
             entry = {
                 "chapter": number(path),
                 "stem": path.stem,
@@ -335,7 +339,8 @@ def run(
 
 def record_run(files_at: pathlib.Path) -> None:
     """Merges a device run's files into results/<backend>/: the chapters it ran replace their
-    records (notebook and entry); the rest stay."""
+    records (notebook and entry); the rest stay, and so does the record of a chapter the run's
+    budget stopped before it ended (it brought no notebook, and says nothing of the chapter)."""
     new = json.loads((files_at / "run.json").read_text())
     target = ROOT / "results" / new["backend"]
     target.mkdir(parents=True, exist_ok=True)
@@ -357,7 +362,9 @@ def record_run(files_at: pathlib.Path) -> None:
                     }
                     (target / name).write_text(json.dumps(notebook, indent=1) + "\n")
     for entry in new["stages"].get("chapters", {}).get("chapters", []):
-        merged["chapters"][entry["chapter"]] = entry
+        cut = [f["error"] for f in entry.get("failures", [])] == [BUDGET_STOP]
+        if not (cut and entry["chapter"] in merged["chapters"]):
+            merged["chapters"][entry["chapter"]] = entry
     if (files_at / "kernels.json").is_file():  # chapter 17's rows, each with its provenance
         shutil.copy(files_at / "kernels.json", target / "kernels.json")
     if "tests" in new["stages"]:  # a whole run's summary, or what ended before its budget

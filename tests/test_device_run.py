@@ -169,6 +169,24 @@ def test_recording_a_run_replaces_the_chapters_it_ran_and_keeps_the_rest(tree):
     assert sorted(merged["chapters"]) == ["02", "03"] and merged["device"] == "TPU v5 lite"
     notebook = lambda c: json.loads((tree / "results" / "tpu" / f"{c}_x.ipynb").read_text())
     assert notebook("02")["run"].endswith("first") and notebook("03")["run"].endswith("second")
+    # A chapter the run's budget stopped keeps its earlier record; one whose process died
+    # (a crash in XLA, say) is recorded so, and a budget stop with no earlier record is kept.
+    third = device_files(tree / "third", [])
+    run = json.loads((third / "run.json").read_text())
+
+    def stopped(c, why):
+        failures = [{"index": None, "error": why}]
+        return {"chapter": c, "stem": f"{c}_x", "status": "stopped", "failures": failures}
+
+    run["stages"]["chapters"]["chapters"] = [
+        stopped("02", device_run.BUDGET_STOP), stopped("03", "the process died (-11)"),
+        stopped("04", device_run.BUDGET_STOP)]  # fmt: skip
+    (third / "run.json").write_text(json.dumps(run))
+    device_run.record_run(third)
+    merged = json.loads((tree / "results" / "tpu" / "run.json").read_text())
+    assert merged["chapters"]["02"]["status"] == "ok"
+    assert merged["chapters"]["03"]["status"] == "stopped"
+    assert merged["chapters"]["04"]["status"] == "stopped"
 
 
 def test_a_test_run_cut_short_still_says_which_tests_ended(tmp_path):
