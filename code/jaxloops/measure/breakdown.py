@@ -188,12 +188,29 @@ def kernels_of(program) -> list[Kernel]:
     return kernels
 
 
+def instruction_name(event_name: str) -> str:
+    """The HLO instruction a traced operation names: "fusion.12" from "fusion.12", or from the
+    whole HLO line a TPU's trace names its "XLA Ops" events by, "%fusion.12 = bf16[8]{0}
+    fusion(...)" (as xprof's readers of such traces split it; the chip's run of 2026-12-07
+    matched no kernel of chapter 11's step without this)."""
+    head = event_name.split(" = ", 1)[0].split()
+    return head[0].lstrip("%") if head else event_name
+
+
 def kernel_seconds(compiled, *args, tries: int = 3) -> dict[str, float]:
-    """Seconds of each kernel in one call of `compiled(*args)`, from the shortest of `tries`
-    profiler traces (`trace_spans`); after one untimed call. Kernels that run at the same
-    time on different threads each count their own duration."""
+    """Seconds of each kernel in one call of `compiled(*args)`, by instruction name
+    (`instruction_name`), from the shortest of `tries` profiler traces (`trace_spans`);
+    after one untimed call. Kernels that run at the same time on different threads each
+    count their own duration; loops and whole programs are left out, as
+    `device_op_seconds` leaves them."""
     jax.block_until_ready(compiled(*args))
-    return device_op_seconds(trace_spans(lambda: compiled(*args), tries=tries))
+    seconds: dict[str, float] = {}
+    traced = device_op_seconds(trace_spans(lambda: compiled(*args), tries=tries))
+    for event, spent in traced.items():
+        name = instruction_name(event)
+        if not name.startswith(("while", "jit_")):
+            seconds[name] = seconds.get(name, 0.0) + spent
+    return seconds
 
 
 def grouped(

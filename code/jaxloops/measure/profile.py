@@ -15,11 +15,9 @@ reads it as planes (a host, each device) of lines (threads, streams) of timed ev
   plane's "XLA Modules" line, one event per program.
 
 On a GPU or a TPU, the device plane's "XLA Ops" line also holds one event per operation the
-program executed: those are kept as row `OP`, outside the four (the "device" row already
-covers their time), for `device_op_seconds`, named as the compiled program's HLO names the
-instruction ("fusion.12"). A TPU's trace names each event by the instruction's whole HLO
-line ("%fusion.12 = bf16[8,128]{1,0} fusion(...), kind=kOutput, ..."), as xprof's readers
-of it show: the span keeps the instruction's name alone (`op_name`).
+program executed, named as the compiled program's HLO names it ("fusion.12",
+"convolution.3"): those are kept as row `OP`, outside the four (the "device" row already
+covers their time), for `device_op_seconds`.
 """
 
 import dataclasses
@@ -71,13 +69,6 @@ def _row(plane_name: str, line_name: str, event_name: str, python_line: bool) ->
     return None
 
 
-def op_name(event_name: str) -> str:
-    """The HLO instruction an "XLA Ops" event names: "fusion.12" from "fusion.12" or from a
-    TPU trace's whole line "%fusion.12 = bf16[8]{0} fusion(...)"."""
-    head = event_name.split(" = ", 1)[0].split()
-    return head[0].lstrip("%") if head else event_name
-
-
 def spans_of(profile) -> list[Span]:
     """The spans of a `jax.profiler.ProfileData`, sorted by start, times from the first one."""
     raw = []
@@ -87,8 +78,7 @@ def spans_of(profile) -> list[Span]:
             for event in line.events:
                 row = _row(plane.name, line.name, event.name, python_line)
                 if row is not None:
-                    name = op_name(event.name) if row == OP else event.name
-                    raw.append((row, name, event.start_ns, event.end_ns))
+                    raw.append((row, event.name, event.start_ns, event.end_ns))
     if not raw:
         return []
     origin = min(start for _, _, start, _ in raw)
