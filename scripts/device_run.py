@@ -30,7 +30,6 @@ import datetime
 import json
 import os
 import pathlib
-import resource
 import shlex
 import shutil
 import subprocess
@@ -157,20 +156,6 @@ def ended_tests(log: pathlib.Path) -> dict:
 OUTCOMES = {"PASSED": "passed", "FAILED": "failure", "ERROR": "error", "SKIPPED": "skipped"}
 
 
-def roomy_stack() -> None:
-    """In the child, before it starts: a 256 MiB stack for the main thread and (glibc sizes
-    new threads by this limit) for the compiler's threads. XLA's TPU compiler overflowed the
-    default 8 MiB compiling one of chapter 11's programs (SIGSEGV, stack overflow in
-    SpatialMajorConvolution::Emit; ../shared/TPU.md)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
-    want = 256 * 2**20
-    if soft != resource.RLIM_INFINITY and soft < want:
-        resource.setrlimit(
-            resource.RLIMIT_STACK,
-            (want if hard == resource.RLIM_INFINITY else min(want, hard), hard),
-        )
-
-
 def number(path: pathlib.Path) -> str:
     """A chapter's number as its file name gives it: "05", "08b"."""
     return path.stem.split("_")[0]
@@ -190,8 +175,8 @@ def chapters_to_run(recorded: dict, only: list[str]) -> list[pathlib.Path]:
 
 
 def logged(command: list[str], log: pathlib.Path, seconds: float) -> int | None:
-    """Runs `command` with the run's environment and a roomy stack, its output appended to
-    `log`; its exit status, or None when it ran past `seconds` and was killed."""
+    """Runs `command` with the run's environment, its output appended to `log`; its exit
+    status, or None when it ran past `seconds` and was killed."""
     with open(log, "a") as out:
         try:
             return subprocess.run(
@@ -201,7 +186,6 @@ def logged(command: list[str], log: pathlib.Path, seconds: float) -> int | None:
                 stderr=subprocess.STDOUT,
                 timeout=seconds,
                 cwd=ROOT,
-                preexec_fn=roomy_stack,
             ).returncode
         except subprocess.TimeoutExpired:
             return None
