@@ -102,28 +102,43 @@ def test_run_numbers_are_the_runs_and_none_where_it_did_not_get_there():
 
 
 def test_loss_scaling_claims_tie_the_bound_to_float16s_subnormals():
-    """The CPU's run (subnormals kept, scaled inside the bound) and the chip's of 2026-12-07
-    (scaled 0.367, alone 1.06 against 0.0156: inside only where subnormals are kept) hold;
-    each known-wrong answer fails one claim."""
+    """The CPU's run (subnormals kept, scaled inside the bound) and a backend that flushes one
+    (the chip of 2026-12-07: scaled 0.367, alone 1.06 against 0.0156) hold; each known-wrong
+    answer fails one claim, among them the chip's run with every probe kept."""
     bound = 16 * 2.0**-10
     cpu = {"scaled": 0.004, "alone": 0.6}
     chip = {"scaled": 0.367, "alone": 1.061}
-    assert all(page.loss_scaling_claims(cpu, bound, keeps_subnormals=True).values())
-    assert all(page.loss_scaling_claims(chip, bound, keeps_subnormals=False).values())
+    kept = {"made": True, "read": True, "matmul": True}
+    read_flushed = {**kept, "read": False}
+    assert all(page.loss_scaling_claims(cpu, bound, kept, 0.0).values())
+    assert all(page.loss_scaling_claims(chip, bound, read_flushed, 0.9).values())
     wrong = [
-        (chip, True),  # outside the bound though the backend keeps subnormals
-        (cpu, False),  # inside though the backend flushes them
-        ({"scaled": 0.9, "alone": 0.8}, False),  # scaling made it worse
-        ({"scaled": 0.001, "alone": 0.01}, True),  # float16 alone inside the bound
+        (chip, kept),  # outside the bound though the backend keeps subnormals
+        (cpu, read_flushed),  # inside though the backend flushes them
+        ({"scaled": 0.9, "alone": 0.8}, read_flushed),  # scaling made it worse
+        ({"scaled": 0.001, "alone": 0.01}, kept),  # float16 alone inside the bound
     ]
-    for gaps, keeps in wrong:
-        assert not all(page.loss_scaling_claims(gaps, bound, keeps).values()), (gaps, keeps)
+    for gaps, probes in wrong:
+        assert not all(page.loss_scaling_claims(gaps, bound, probes, 0.5).values()), gaps
+    claims = page.loss_scaling_claims(chip, bound, read_flushed, 0.9)
+    claim = next(k for k in claims if "exactly where" in k)
+    assert "read False" in claim and "90.0%" in claim
 
 
 def test_loss_scaling_sentence_says_what_the_backend_did():
     bound = 16 * 2.0**-10
-    kept = page.loss_scaling_sentence({"scaled": 0.004, "alone": 0.6}, bound, True, 0.2)
-    assert "stays within 0.40 %" in kept and "1.6 %" in kept and "60.0 %" in kept
-    flushed = page.loss_scaling_sentence({"scaled": 0.367, "alone": 1.061}, bound, False, 0.42)
-    assert "flushes float16's subnormals" in flushed and "42 %" in flushed
+    kept = {"made": True, "read": True, "matmul": True}
+    sentence = page.loss_scaling_sentence({"scaled": 0.004, "alone": 0.6}, bound, kept, 0.2, 0.001)
+    assert "stays within 0.40 %" in sentence and "1.6 %" in sentence and "60.0 %" in sentence
+    assert "keeps float16's subnormals" in sentence and "0.1 % of" in sentence
+    flushed = page.loss_scaling_sentence(
+        {"scaled": 0.367, "alone": 1.061},
+        bound,
+        {**kept, "read": False, "matmul": False},
+        0.42,
+        0.9,
+    )
+    assert "flushes float16's subnormals" in flushed and "42 %" in flushed and "90.0 %" in flushed
+    assert "2⁻¹⁵ read and doubled and 2⁻¹⁵ passed through a matmul, computed as 0" in flushed
+    assert "half of 2⁻¹⁴" not in flushed
     assert "36.7 %" in flushed and "106.1 %" in flushed

@@ -143,38 +143,60 @@ def run_memory_sentence(run: dict, budget: int) -> str:
     return said + f": the run did not raise the peak set earlier ({earlier / MiB:,.0f} MiB)."
 
 
-def loss_scaling_claims(gaps: dict, bound: float, keeps_subnormals: bool) -> dict[str, bool]:
+def loss_scaling_claims(gaps: dict, bound: float, subnormals: dict, lost: float) -> dict[str, bool]:
     """Chapter 14's claims for float16 and loss scaling, from the curves' largest relative
     gaps to float32 (`gaps`: "scaled", "alone") and `bound` (16 float16 roundings): float16
     alone lies outside the bound; scaling narrows the gap; and the scaled run lies inside
-    the bound exactly where the backend keeps float16's subnormals (the gradients of W x loss
-    live among them: a backend that flushes them to zero loses those gradients, scaled or
-    not)."""
+    the bound exactly where the backend keeps float16's subnormals, each probe of
+    `subnormals` (made, read, through a matmul): the gradients of W x loss live among them,
+    and a backend that flushes them loses those gradients, scaled or not. `lost`: the share
+    of the parameters' gradients that are zero at the run's first scale where float32's are
+    not, stated beside it."""
     scaled, alone = gaps["scaled"], gaps["alone"]
+    kept = all(subnormals.values())
+    probes = ", ".join(f"{name} {held}" for name, held in subnormals.items())
     return {
         f"float16 alone lies outside the bound: {alone:.4f} > {bound:.4f}": alone > bound,
         f"loss scaling narrows float16's gap: {scaled:.4f} < {alone:.4f}": scaled < alone,
         f"the scaled run is inside the bound ({scaled:.4f} <= {bound:.4f}) exactly where "
-        f"float16 keeps its subnormals ({keeps_subnormals})": (scaled <= bound) == keeps_subnormals,
+        f"float16 keeps its subnormals ({probes}; {lost:.1%} of the gradients zero at the first "
+        f"scale where float32's are not)": (scaled <= bound) == kept,
     }
 
 
-def loss_scaling_sentence(gaps: dict, bound: float, keeps_subnormals: bool, below: float) -> str:
-    """What the scaled float16 run did against float32, as the page's sentence; `below`: the
-    share of the parameters' nonzero float32 gradients of W x loss that, at the run's starting
-    scale, lie below float16's smallest normal number."""
+# What each probe of float16's subnormals computed, as the prose names it
+SUBNORMAL_PROBES = {
+    "made": "half of 2⁻¹⁴, float16's smallest normal number",
+    "read": "2⁻¹⁵ read and doubled",
+    "matmul": "2⁻¹⁵ passed through a matmul",
+}
+
+
+def loss_scaling_sentence(
+    gaps: dict, bound: float, subnormals: dict, below: float, lost: float
+) -> str:
+    """What the scaled float16 run did against float32, as the page's sentence. `subnormals`:
+    which probes kept a float16 subnormal; `below`: the share of the parameters' nonzero
+    float32 gradients of W x loss that, at the run's starting scale, lie below float16's
+    smallest normal number; `lost`: the share of float16's gradients there that are zero
+    where float32's are not."""
     scaled, alone, bound_pc = 100 * gaps["scaled"], 100 * gaps["alone"], 100 * bound
-    if keeps_subnormals:
+    zero = (
+        f"{100 * lost:.1f} % of the parameters' float16 gradients at 2¹⁵ are zero where "
+        "float32's are not"
+    )
+    if all(subnormals.values()):
         return (
             f"Started at 2¹⁵, with the same growth interval, the float16 run's loss stays "
             f"within {scaled:.2f} % of float32's at every epoch (the bound is 16 float16 "
-            f"roundings, {bound_pc:.1f} %; float16 alone is {alone:.1f} % away at its worst)."
+            f"roundings, {bound_pc:.1f} %; float16 alone is {alone:.1f} % away at its worst). "
+            f"This backend keeps float16's subnormals, and {zero}."
         )
+    flushed = " and ".join(SUBNORMAL_PROBES[k] for k, held in subnormals.items() if not held)
     return (
-        "This backend flushes float16's subnormals to zero: half of 2⁻¹⁴, float16's smallest "
-        f"normal number, computed as 0. Scaled by 2¹⁵, {100 * below:.0f} % of the parameters' "
-        "gradients of W × loss still lie below that number, and a flushing backend sets such "
-        "values to zero. Started at 2¹⁵, the float16 "
+        f"This backend flushes float16's subnormals to zero: {flushed}, computed as 0. Scaled "
+        f"by 2¹⁵, {100 * below:.0f} % of the parameters' gradients of W × loss still lie below "
+        f"float16's smallest normal number, and {zero}. Started at 2¹⁵, the float16 "
         f"run's loss ends up {scaled:.1f} % from float32's at its worst epoch. That is outside "
         f"the bound of 16 float16 roundings ({bound_pc:.1f} %), though closer than float16 "
         f"alone ({alone:.1f} %)."
