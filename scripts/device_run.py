@@ -324,14 +324,16 @@ def run(
 
 def record_run(files_at: pathlib.Path) -> None:
     """Merges a device run's files into results/<backend>/: the chapters it ran replace their
-    records (notebook and entry); the rest stay, and so does the record of a chapter the run's
-    budget stopped before it ended (it brought no notebook, and says nothing of the chapter)."""
+    records (notebook and entry; a chapter whose process died brought no notebook, and an
+    earlier run's is removed, not shown as its outputs); the rest stay, and so does the record
+    of a chapter the run's budget stopped before it ended (it says nothing of the chapter)."""
     new = json.loads((files_at / "run.json").read_text())
     target = ROOT / "results" / new["backend"]
     target.mkdir(parents=True, exist_ok=True)
     merged = device_records.load_run(new["backend"]) or {"chapters": {}}
     merged.update({k: new[k] for k in ("device", "backend", "jax")})
     ran = new["stages"].get("chapters", {}).get("chapters", [])
+    brought = set()  # the notebooks this run brought back
     if (files_at / "notebooks.tar.gz").is_file():
         with tarfile.open(files_at / "notebooks.tar.gz") as tar:
             for member in tar.getmembers():
@@ -346,10 +348,13 @@ def record_run(files_at: pathlib.Path) -> None:
                         "source_hash": entry.get("manifest", {}),
                     }
                     (target / name).write_text(json.dumps(notebook, indent=1) + "\n")
+                    brought.add(name)
     for entry in new["stages"].get("chapters", {}).get("chapters", []):
         cut = [f["error"] for f in entry.get("failures", [])] == [BUDGET_STOP]
         if not (cut and entry["chapter"] in merged["chapters"]):
             merged["chapters"][entry["chapter"]] = entry
+            if f"{entry['stem']}.ipynb" not in brought:  # died before writing one: an earlier
+                (target / f"{entry['stem']}.ipynb").unlink(missing_ok=True)  # run's is not its
     if (files_at / "kernels.json").is_file():  # chapter 17's rows, each with its provenance
         shutil.copy(files_at / "kernels.json", target / "kernels.json")
     if "tests" in new["stages"]:  # a whole run's summary, or what ended before its budget

@@ -187,6 +187,9 @@ def test_recording_a_run_replaces_the_chapters_it_ran_and_keeps_the_rest(tree):
     assert merged["chapters"]["02"]["status"] == "ok"
     assert merged["chapters"]["03"]["status"] == "stopped"
     assert merged["chapters"]["04"]["status"] == "stopped"
+    # The died chapter's earlier notebook is gone (it is not this run's); the budget stop's stays
+    assert not (tree / "results" / "tpu" / "03_x.ipynb").exists()
+    assert notebook("02")["run"].endswith("first")
 
 
 def test_a_test_run_cut_short_still_says_which_tests_ended(tmp_path):
