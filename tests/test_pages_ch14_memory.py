@@ -1,5 +1,7 @@
 """Chapter 14's figures: one point per policy, each named in the legend."""
 
+import pytest
+
 from conftest import SMALL_TRANSFORMER
 from jaxloops.memory import step_bytes
 from jaxloops.pages import ch14_memory as page
@@ -142,3 +144,9 @@ def test_loss_scaling_sentence_says_what_the_backend_did():
     assert "2⁻¹⁵ read and doubled and 2⁻¹⁵ passed through a matmul, computed as 0" in flushed
     assert "half of 2⁻¹⁴" not in flushed
     assert "36.7 %" in flushed and "106.1 %" in flushed
+
+
+def test_a_power_of_two_is_written_with_superscripts_and_a_fraction_is_refused():
+    assert page.power_of_two(15) == "2¹⁵" and page.power_of_two(-14.0) == "2⁻¹⁴"
+    with pytest.raises(ValueError, match="15.5"):
+        page.power_of_two(15.5)

@@ -164,6 +164,13 @@ def loss_scaling_claims(gaps: dict, bound: float, subnormals: dict, lost: float)
     }
 
 
+def power_of_two(exponent: float) -> str:
+    """2 to a whole `exponent` as the prose writes it: "2¹⁵", "2⁻¹⁴"; ValueError otherwise."""
+    if exponent != round(exponent):
+        raise ValueError(f"exponent must be a whole number, got {exponent}")
+    return "2" + str(int(round(exponent))).translate(str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹"))
+
+
 # What each probe of float16's subnormals computed, as the prose names it
 SUBNORMAL_PROBES = {
     "made": "half of 2⁻¹⁴, float16's smallest normal number",
