@@ -130,20 +130,25 @@ def test_loss_scaling_claims_tie_the_bound_to_float16s_subnormals():
 def test_loss_scaling_sentence_says_what_the_backend_did():
     bound = 16 * 2.0**-10
     kept = {"made": True, "read": True, "matmul": True}
-    sentence = page.loss_scaling_sentence({"scaled": 0.004, "alone": 0.6}, bound, kept, 0.2, 0.001)
+    sentence = page.loss_scaling_sentence(
+        {"scaled": 0.004, "alone": 0.6}, bound, kept, 0.2, 0.001, 2.0**15
+    )
     assert "stays within 0.40 %" in sentence and "1.6 %" in sentence and "60.0 %" in sentence
     assert "keeps float16's subnormals" in sentence and "0.1 % of" in sentence
+    assert sentence.startswith("Started at 2¹⁵, ")
     flushed = page.loss_scaling_sentence(
         {"scaled": 0.367, "alone": 1.061},
         bound,
         {**kept, "read": False, "matmul": False},
         0.42,
         0.9,
+        2.0**12,
     )
     assert "flushes float16's subnormals" in flushed and "42 %" in flushed and "90.0 %" in flushed
     assert "2⁻¹⁵ read and doubled and 2⁻¹⁵ passed through a matmul, computed as 0" in flushed
     assert "half of 2⁻¹⁴" not in flushed
     assert "36.7 %" in flushed and "106.1 %" in flushed
+    assert "Started at 2¹², " in flushed and "2¹⁵" not in flushed  # the run's own start
 
 
 def test_a_power_of_two_is_written_with_superscripts_and_a_fraction_is_refused():

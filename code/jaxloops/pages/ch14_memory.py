@@ -1,6 +1,8 @@
 """Chapter 14's page: its figures, drawn from the rows of `jaxloops.measure.step_memory`
 (book/14_memory.md)."""
 
+import math
+
 from jaxloops.memory import step_bytes
 from jaxloops.pages.common import MiB
 from jaxloops.pages.render import subplots
@@ -180,21 +182,22 @@ SUBNORMAL_PROBES = {
 
 
 def loss_scaling_sentence(
-    gaps: dict, bound: float, subnormals: dict, below: float, lost: float
+    gaps: dict, bound: float, subnormals: dict, below: float, lost: float, start: float
 ) -> str:
     """What the scaled float16 run did against float32, as the page's sentence. `subnormals`:
     which probes kept a float16 subnormal; `below`: the share of the parameters' nonzero
     float32 gradients of W x loss that, at the run's starting scale, lie below float16's
     smallest normal number; `lost`: the share of float16's gradients there that are zero
-    where float32's are not."""
+    where float32's are not; `start`: that starting scale, a power of two."""
     scaled, alone, bound_pc = 100 * gaps["scaled"], 100 * gaps["alone"], 100 * bound
+    at = power_of_two(math.log2(start))
     zero = (
-        f"{100 * lost:.1f} % of the parameters' float16 gradients at 2¹⁵ are zero where "
+        f"{100 * lost:.1f} % of the parameters' float16 gradients at {at} are zero where "
         "float32's are not"
     )
     if all(subnormals.values()):
         return (
-            f"Started at 2¹⁵, with the same growth interval, the float16 run's loss stays "
+            f"Started at {at}, with the same growth interval, the float16 run's loss stays "
             f"within {scaled:.2f} % of float32's at every epoch (the bound is 16 float16 "
             f"roundings, {bound_pc:.1f} %; float16 alone is {alone:.1f} % away at its worst). "
             f"This backend keeps float16's subnormals, and {zero}."
@@ -202,8 +205,8 @@ def loss_scaling_sentence(
     flushed = " and ".join(SUBNORMAL_PROBES[k] for k, held in subnormals.items() if not held)
     return (
         f"This backend flushes float16's subnormals to zero: {flushed}, computed as 0. Scaled "
-        f"by 2¹⁵, {100 * below:.0f} % of the parameters' gradients of W × loss still lie below "
-        f"float16's smallest normal number, and {zero}. Started at 2¹⁵, the float16 "
+        f"by {at}, {100 * below:.0f} % of the parameters' gradients of W × loss still lie below "
+        f"float16's smallest normal number, and {zero}. Started at {at}, the float16 "
         f"run's loss ends up {scaled:.1f} % from float32's at its worst epoch. That is outside "
         f"the bound of 16 float16 roundings ({bound_pc:.1f} %), though closer than float16 "
         f"alone ({alone:.1f} %)."
