@@ -350,7 +350,7 @@ def record_run(files_at: pathlib.Path) -> None:
                     }
                     (target / name).write_text(json.dumps(notebook, indent=1) + "\n")
                     brought.add(name)
-    for entry in new["stages"].get("chapters", {}).get("chapters", []):
+    for entry in ran:
         cut = [f["error"] for f in entry.get("failures", [])] == [BUDGET_STOP]
         if not (cut and entry["chapter"] in merged["chapters"]):
             merged["chapters"][entry["chapter"]] = entry
