@@ -143,16 +143,17 @@ def test_the_page_fault_findings_fail_each_claim_that_the_figures_contradict():
     failed, paragraph = page.allocator_findings(1000.0, temp, runs)
     assert failed == [] and "1,000 times" in paragraph and "20 faults" in paragraph
     assert "20 faults and 0.0080 s (40%)" in paragraph  # reported, not claimed
-    assert "allocator took 30% of the" in paragraph and "0 faults and 0.0070 s" in paragraph
+    assert "0 faults and 0.0070 s (30%): 0.70 times the default's" in paragraph
     assert len(page.allocator_findings(3000.0, temp, runs)[0]) == 1  # 3 per page
     slower = {**runs, "huge pages": {**huge, "seconds": {"step": 0.0105}}}
     assert page.allocator_findings(1000.0, temp, slower)[0] == []  # time not claimed
     more = {**runs, "memory kept": {**kept, "gradient_over_forward": 5.2}}  # above 5.0
     assert page.allocator_findings(1000.0, temp, more)[0] == []  # reported, not claimed
+    as_slow = {**runs, "memory kept": {**kept, "seconds": {"step": 0.0102}}}  # CI's 1.02
+    assert page.allocator_findings(1000.0, temp, as_slow)[0] == []  # time not claimed
     for kind, wrong in [
         ("huge pages", {"faults": 200.0}),  # only 5x fewer
         ("memory kept", {"faults": 1000.0}),  # as many: memory handed back
-        ("memory kept", {"seconds": {"step": 0.0099}}),
     ]:
         assert (
             len(page.allocator_findings(1000.0, temp, {**runs, kind: {**runs[kind], **wrong}})[0])

@@ -283,12 +283,15 @@ def allocator_findings(faults: float, temp_bytes: int, runs: dict):
     faults: page faults per step measured in this process; temp_bytes: the step's
     temporaries; runs: `allocator_runs`, one result per name of `ALLOCATORS`.
     The claims: about one fault per 4 KiB page of the temporaries (measured/predicted between
-    0.5 and 2); with huge pages at least 10x fewer faults (its step time is reported, not
-    claimed: from 0.80 to 0.95 of the default's in the runs measured, too close to their
-    spread); with memory kept fewer faults (usually none; builds read 1,723 of 16,048 once
-    and, in a CI run, 6,444 of 16,001), a step at least 5 % faster (0.65 to 0.74 of the
-    default's). The gradient's forward passes with memory kept are reported, not claimed:
-    0.59 to 0.86 times the default's in builds, then 1.06 in a CI build (2.98 against 2.80).
+    0.5 and 2); with huge pages at least 10x fewer faults; with memory kept fewer faults
+    (usually none; builds read 1,723 of 16,048 once and, in a CI run, 6,444 of 16,001).
+    The step's time with each kind is reported, not claimed. With huge pages it took 0.80
+    to 0.95 of the default's in the runs measured, too close to their spread. With memory
+    kept it took 0.65 to 0.74 of the default's in builds here, until CI's run at 30d9f83
+    read 0.0633 s against 0.0620 s (1.02): fewer faults did not make that machine's step
+    faster, so no margin holds on every machine like this one. The gradient's forward
+    passes with memory kept are reported, not claimed: 0.59 to 0.86 times the default's in
+    builds, then 1.06 in a CI build (2.98 against 2.80).
     """
     small, huge, kept = (runs[name] for name in ALLOCATORS)
     pages = temp_bytes / 4096
@@ -304,7 +307,6 @@ def allocator_findings(faults: float, temp_bytes: int, runs: dict):
         f"fewer faults kept: {small['faults']:,.0f} -> {kept['faults']:,.0f}": (
             kept["faults"] < small["faults"]
         ),
-        f"a step 5 % faster kept: {s:.4f} s -> {k:.4f} s": k < 0.95 * s,
     }
     paragraph = (
         "In the median fresh process of each kind, with 4 KiB pages the step faulted "
@@ -312,15 +314,16 @@ def allocator_findings(faults: float, temp_bytes: int, runs: dict):
         "ceiling); with huge pages, "
         f"{huge['faults']:,.0f} faults and {h:.4f} s ({huge['of_ceiling']:.0%}); with memory "
         f"kept, {kept['faults']:,.0f} faults "
-        f"and {k:.4f} s ({kept['of_ceiling']:.0%}). The allocator took {(s - k) / s:.0%} of the "
-        "default step's time. The gradient took "
+        f"and {k:.4f} s ({kept['of_ceiling']:.0%}): {k / s:.2f} times the default's step. "
+        "The gradient took "
         f"{ratio['4 KiB pages']:.2f} times the forward pass with glibc's defaults and "
         f"{ratio['memory kept']:.2f} with memory kept. The page asserts a measured/predicted "
         "fault count between 0.5 and 2; with huge pages, the tenfold drop in faults, and not "
         "the step's time, whose change is too small against the spread of fresh processes "
-        "of one kind to claim; with memory kept, fewer faults and a step at least 5 % faster. "
-        "The gradient's forward passes it reports, and claims nothing of: fresh processes of "
-        "one kind spread too far in them."
+        "of one kind to claim; with memory kept, fewer faults, and again not the step's time: "
+        "it fell in this site's earlier builds, but not in one CI build on a machine like "
+        "this one, so no margin holds everywhere. The gradient's forward passes "
+        "it reports, and claims nothing of: fresh processes of one kind spread too far in them."
     )
     return failed(claims), paragraph
 
