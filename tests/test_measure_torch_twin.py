@@ -95,10 +95,15 @@ def test_the_worker_prints_paired_rates_from_their_own_samples(capsys):
     worker.main(["--sizes", "1,8,2,1,12,5,3", "--rounds", "3"])  # B T = 15 tokens a step
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     jax_s, torch_s = r["seconds"]["jax"], r["seconds"]["torch"]
-    assert len(jax_s) == len(torch_s) == r["rounds"] == 3
+    blockwise_s = r["seconds"]["blockwise"]
+    assert len(jax_s) == len(torch_s) == len(blockwise_s) == r["rounds"] == 3
     assert r["jax_tokens_per_s"] == pytest.approx(15 / np.median(jax_s))
+    assert r["blockwise_tokens_per_s"] == pytest.approx(15 / np.median(blockwise_s))
     assert r["torch_tokens_per_s"] == pytest.approx(15 / np.median(torch_s))
     assert r["ratio"] == pytest.approx(np.median(np.array(torch_s) / np.array(jax_s)))
+    assert r["blockwise_ratio"] == pytest.approx(
+        np.median(np.array(torch_s) / np.array(blockwise_s))
+    )
     assert r["jax_wins"] == sum(j < t for j, t in zip(jax_s, torch_s))
     assert r["wins_needed"] is None  # 3 rounds cannot show a difference at the claim level
     assert r["torch_threads"] == torch.get_num_threads()

@@ -14,6 +14,7 @@ install it; `make bench` installs requirements-bench.txt).
 """
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -22,9 +23,12 @@ import subprocess
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxloops import processes
+from jaxloops.attention import attention
+from jaxloops.blockwise import blockwise_attention
 from jaxloops.data import Batch
 from jaxloops.measure.timing import interleaved_samples, paired_ratio, paired_wins, rounds_needed
 from jaxloops.text import VOCAB_SIZE
@@ -174,13 +178,17 @@ def paired_rates(
     The JAX step is chapter 11's: `make_train_step(transformer_loss, make_optimizer(...))`,
     jitted with its params and optimizer state donated, as `fit` donates them; each call
     advances the state, as the twin's step does in place. torch runs with its default
-    number of threads (reported).
+    number of threads (reported). A third step, timed in the same rounds, is the JAX step
+    with chapter 8b's `blockwise_attention` (its default blocks) in every block: the twin's
+    `scaled_dot_product_attention` is a fused, flash-style kernel on the CPU, and this is
+    the book's own; it says how much of the gap is attention.
 
     Returns:
-      {"jax_tokens_per_s", "torch_tokens_per_s": B T / median seconds; "ratio": the median
-       over rounds of torch's seconds over JAX's in the same round (JAX's speed over
-       torch's); "jax_wins", "wins_needed" (`rounds_needed`), "rounds", "torch_threads",
-       "torch_version", "seconds": {"jax", "torch": every timed call}}.
+      {"jax_tokens_per_s", "blockwise_tokens_per_s", "torch_tokens_per_s": B T / median
+       seconds; "ratio": the median over rounds of torch's seconds over JAX's in the same
+       round (JAX's speed over torch's); "blockwise_ratio": the same for the blockwise step;
+       "jax_wins", "wins_needed" (`rounds_needed`), "rounds", "torch_threads",
+       "torch_version", "seconds": {"jax", "blockwise", "torch": every timed call}}.
     """
     import torch
 
@@ -195,19 +203,20 @@ def paired_rates(
     twin_opt = twin_optimizer(twin, learning_rate, weight_decay)
     x, y = _twin_batch(batch)
     optimizer = make_optimizer(learning_rate, weight_decay)
-    step = jax.jit(make_train_step(transformer_loss, optimizer), donate_argnums=(0, 1))
-    state = [params, optimizer.init(params)]  # donated by the first call: the twin has a copy
-
-    def jax_step():
-        state[0], state[1], metrics = step(state[0], state[1], batch)
-        return state[0], state[1], metrics
-
-    runs = {"jax": jax_step, "torch": lambda: twin_step(twin, twin_opt, x, y)}
+    runs = {
+        name: _donating_step(
+            functools.partial(transformer_loss, attend=attend), optimizer, params, batch
+        )
+        for name, attend in (("jax", attention), ("blockwise", blockwise_attention))
+    }  # each donates its own copy of the parameters: the twin has one too
+    runs["torch"] = lambda: twin_step(twin, twin_opt, x, y)
     seconds = interleaved_samples(runs, rounds)
     return {
         "jax_tokens_per_s": B * T / statistics.median(seconds["jax"]),
+        "blockwise_tokens_per_s": B * T / statistics.median(seconds["blockwise"]),
         "torch_tokens_per_s": B * T / statistics.median(seconds["torch"]),
         "ratio": paired_ratio(seconds["torch"], seconds["jax"]),
+        "blockwise_ratio": paired_ratio(seconds["torch"], seconds["blockwise"]),
         "jax_wins": paired_wins(seconds["jax"], seconds["torch"]),
         # Fewer than 7 rounds cannot show a difference at the claim level (`rounds_needed`).
         "wins_needed": rounds_needed(rounds) if rounds >= 7 else None,
@@ -216,6 +225,21 @@ def paired_rates(
         "torch_version": torch.__version__,
         "seconds": seconds,
     }
+
+
+def _donating_step(loss_fn, optimizer, params: dict, batch: Batch):
+    """A call with no arguments that advances its own (params, optimizer state), from a copy
+    of `params`, by one jitted `make_train_step(loss_fn, optimizer)` on `batch`, with both
+    donated, as `fit` donates them."""
+    step = jax.jit(make_train_step(loss_fn, optimizer), donate_argnums=(0, 1))
+    own = jax.tree.map(jnp.copy, params)
+    state = [own, optimizer.init(own)]
+
+    def call():
+        state[0], state[1], metrics = step(state[0], state[1], batch)
+        return state[0], state[1], metrics
+
+    return call
 
 
 def plain_env(env: dict | None = None) -> dict:
