@@ -197,9 +197,14 @@ def test_the_bf16_prediction_scales_matmul_time_by_the_ceilings_and_the_rest_by_
              "tokens_per_s": {"float32": 1.0, "bfloat16": 1.3}}  # fmt: skip
     right = page.precision_prediction(0.5, rates, wide, narrow)
     assert right["bytes_ratio"] == 0.5 and right["speedup_predicted"] == pytest.approx(4 / 3)
-    assert page.within_rounds(right, 0.1)
+    assert page.no_faster_than_predicted(right, 0.1)
+    # A prediction short of what every round gained: 1.25 > 1.0 x 1.1
     wrong = page.precision_prediction(0.5, rates, wide, wide)
-    assert wrong["speedup_predicted"] == 1.0 and not page.within_rounds(wrong, 0.1)
+    assert wrong["speedup_predicted"] == 1.0 and not page.no_faster_than_predicted(wrong, 0.1)
+    # The chip's run (0ebc9d1): a gain predicted and none measured is a miss the page shows,
+    # not a failed claim
+    chip = {"speedup_predicted": 1.10, "speedup_low": 0.974, "speedup_high": 0.988}
+    assert page.no_faster_than_predicted(chip, 0.1)
     with pytest.raises(ValueError, match="matmul_share must be in"):
         page.precision_prediction(1.5, rates, wide, narrow)
 
