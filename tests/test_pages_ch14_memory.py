@@ -103,28 +103,29 @@ def test_run_numbers_are_the_runs_and_none_where_it_did_not_get_there():
     assert failed["run_over_search"] is None
 
 
-def test_loss_scaling_claims_tie_the_bound_to_float16s_subnormals():
-    """The CPU's run (subnormals kept, scaled inside the bound) and a backend that flushes one
-    (the chip of 2026-12-07: scaled 0.367, alone 1.06 against 0.0156) hold; each known-wrong
-    answer fails one claim, among them the chip's run with every probe kept."""
+def test_loss_scaling_claims_tie_the_bound_to_the_gradients_float16_keeps():
+    """The CPU's run (0.1 % of the gradients lost, scaled inside the bound) and the chip's of
+    2026-12-07 (scaled 0.367, alone 1.06 against 0.0156), with most gradients lost, hold
+    whatever the subnormal probes say; each known-wrong answer fails one claim."""
     bound = 16 * 2.0**-10
     cpu = {"scaled": 0.004, "alone": 0.6}
     chip = {"scaled": 0.367, "alone": 1.061}
     kept = {"made": True, "read": True, "matmul": True}
     read_flushed = {**kept, "read": False}
-    assert all(page.loss_scaling_claims(cpu, bound, kept, 0.0).values())
+    assert all(page.loss_scaling_claims(cpu, bound, kept, 0.001).values())
     assert all(page.loss_scaling_claims(chip, bound, read_flushed, 0.9).values())
+    assert all(page.loss_scaling_claims(chip, bound, kept, 0.9).values())  # probes: reported
     wrong = [
-        (chip, kept),  # outside the bound though the backend keeps subnormals
-        (cpu, read_flushed),  # inside though the backend flushes them
-        ({"scaled": 0.9, "alone": 0.8}, read_flushed),  # scaling made it worse
-        ({"scaled": 0.001, "alone": 0.01}, kept),  # float16 alone inside the bound
+        (chip, 0.001),  # outside the bound though float16 kept the gradients
+        (cpu, 0.9),  # inside though it lost most of them
+        ({"scaled": 0.9, "alone": 0.8}, 0.9),  # scaling made it worse
+        ({"scaled": 0.001, "alone": 0.01}, 0.001),  # float16 alone inside the bound
     ]
-    for gaps, probes in wrong:
-        assert not all(page.loss_scaling_claims(gaps, bound, probes, 0.5).values()), gaps
+    for gaps, lost in wrong:
+        assert not all(page.loss_scaling_claims(gaps, bound, kept, lost).values()), gaps
     claims = page.loss_scaling_claims(chip, bound, read_flushed, 0.9)
     claim = next(k for k in claims if "exactly where" in k)
-    assert "read False" in claim and "90.0%" in claim
+    assert "read False" in claim and "90.0%" in claim and "at most 1.6%" in claim
 
 
 def test_loss_scaling_sentence_says_what_the_backend_did():
@@ -134,7 +135,7 @@ def test_loss_scaling_sentence_says_what_the_backend_did():
         {"scaled": 0.004, "alone": 0.6}, bound, kept, 0.2, 0.001, 2.0**15
     )
     assert "stays within 0.40 %" in sentence and "1.6 %" in sentence and "60.0 %" in sentence
-    assert "keeps float16's subnormals" in sentence and "0.1 % of" in sentence
+    assert "kept float16's subnormals in each probe" in sentence and "0.1 % of" in sentence
     assert sentence.startswith("Started at 2¹⁵, ")
     flushed = page.loss_scaling_sentence(
         {"scaled": 0.367, "alone": 1.061},
@@ -146,9 +147,15 @@ def test_loss_scaling_sentence_says_what_the_backend_did():
     )
     assert "flushes float16's subnormals" in flushed and "42 %" in flushed and "90.0 %" in flushed
     assert "2⁻¹⁵ read and doubled and 2⁻¹⁵ passed through a matmul, computed as 0" in flushed
-    assert "half of 2⁻¹⁴" not in flushed
+    assert "half of 2⁻¹⁴" not in flushed and "elsewhere" not in flushed
     assert "36.7 %" in flushed and "106.1 %" in flushed
     assert "Started at 2¹², " in flushed and "2¹⁵" not in flushed  # the run's own start
+    # Outside the bound with every probe kept: the page says it does not know where
+    lost_elsewhere = page.loss_scaling_sentence(
+        {"scaled": 0.367, "alone": 1.061}, bound, kept, 0.93, 0.9, 2.0**15
+    )
+    assert "outside the bound" in lost_elsewhere and "loses them elsewhere" in lost_elsewhere
+    assert "stays within" not in lost_elsewhere
 
 
 def test_a_power_of_two_is_written_with_superscripts_and_a_fraction_is_refused():
