@@ -178,10 +178,9 @@ def paired_rates(
     The JAX step is chapter 11's: `make_train_step(transformer_loss, make_optimizer(...))`,
     jitted with its params and optimizer state donated, as `fit` donates them; each call
     advances the state, as the twin's step does in place. torch runs with its default
-    number of threads (reported). A third step, timed in the same rounds, is the JAX step
-    with chapter 8b's `blockwise_attention` (its default blocks) in every block: the twin's
-    `scaled_dot_product_attention` is a fused, flash-style kernel on the CPU, and this is
-    the book's own; it says how much of the gap is attention.
+    number of threads (reported). A third step in the same rounds has chapter 8b's
+    `blockwise_attention` (default blocks) in every block, the book's answer to the twin's
+    flash-style `scaled_dot_product_attention`: it says how much of the gap is attention.
 
     Returns:
       {"jax_tokens_per_s", "blockwise_tokens_per_s", "torch_tokens_per_s": B T / median
