@@ -116,3 +116,19 @@ def test_a_plain_process_has_no_allocator_variables():
     env = torch_twin.plain_env(parent)
     assert env == {"PATH": "/bin", "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
     assert parent["MALLOC_ARENA_MAX"] == "1"  # the parent's environment is left alone
+
+
+def test_the_kept_memory_run_sets_only_its_tunables(monkeypatch):
+    seen = {}
+
+    def fake_run(command, env, **kwargs):
+        seen["env"] = env
+        return type("Done", (), {"returncode": 0, "stdout": '{"ratio": 1.0}\n', "stderr": ""})()
+
+    monkeypatch.setattr(torch_twin.subprocess, "run", fake_run)
+    parent = {"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    plain = torch_twin.rates_in_plain_process((1, 8, 2, 1, 12, 5, 3), 3, env=parent)
+    assert plain["ratio"] == 1.0 and "GLIBC_TUNABLES" not in seen["env"]
+    kept = {"glibc.malloc.mmap_max": "0", "glibc.malloc.arena_max": "1"}
+    torch_twin.rates_in_plain_process((1, 8, 2, 1, 12, 5, 3), 3, env=parent, tunables=kept)
+    assert seen["env"]["GLIBC_TUNABLES"] == "glibc.malloc.mmap_max=0:glibc.malloc.arena_max=1"

@@ -253,13 +253,20 @@ def plain_env(env: dict | None = None) -> dict:
     }
 
 
-def rates_in_plain_process(sizes: tuple[int, ...], rounds: int, env: dict | None = None) -> dict:
+def rates_in_plain_process(
+    sizes: tuple[int, ...], rounds: int, env: dict | None = None, tunables: dict | None = None
+) -> dict:
     """`paired_rates` at `sizes`, measured in a new process (`jaxloops.workers.torch_twin`)
-    with `plain_env(env)`. Returns the worker's JSON, plus "wall": its seconds."""
+    with `plain_env(env)`, and with glibc's `tunables` ({name: value}, as in
+    `step_speed.ALLOCATORS`) where given: both steps then share that allocator, which says
+    how much of the gap is its. Returns the worker's JSON, plus "wall": its seconds."""
     sizes_arg = ",".join(str(int(n)) for n in sizes)
     start = time.perf_counter()
     command = processes.command("torch_twin", "--sizes", sizes_arg, "--rounds", rounds)
-    done = subprocess.run(command, env=plain_env(env), capture_output=True, text=True)
+    process_env = plain_env(env)
+    if tunables:
+        process_env["GLIBC_TUNABLES"] = ":".join(f"{k}={v}" for k, v in tunables.items())
+    done = subprocess.run(command, env=process_env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the torch-twin worker failed:\n{done.stderr[-2000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
