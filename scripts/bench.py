@@ -86,7 +86,7 @@ def measure_goals(rounds: int) -> dict[str, float]:
 
 def step_over_pytorch(sizes: tuple[int, ...], rounds: int) -> dict[str, float]:
     """Issue 43's goal: the step at `sizes` against its PyTorch eager twin, in a plain
-    process (`torch_twin.rates_in_plain_process`); {} where it cannot be measured here."""
+    process (`torch_twin.rates_in_fresh_process`); {} where it cannot be measured here."""
     if jax.default_backend() != "cpu":
         why_not = f"JAX runs on a {jax.default_backend()} here; the goal is set for its CPU"
     elif importlib.util.find_spec("torch") is None:
@@ -96,7 +96,7 @@ def step_over_pytorch(sizes: tuple[int, ...], rounds: int) -> dict[str, float]:
     if why_not is not None:
         print(f"chapter 11, the step against PyTorch eager: not measured ({why_not})")
         return {}
-    r = torch_twin.rates_in_plain_process(sizes, rounds)
+    r = torch_twin.rates_in_fresh_process(sizes, rounds)
     needed = f"; a claim needs {r['wins_needed']}" if r["wins_needed"] else ""
     print(f"chapter 11, the step at {sizes} in a plain process: JAX {r['jax_tokens_per_s']:,.0f} "
           f"tokens/s, PyTorch {r['torch_version']} eager ({r['torch_threads']} threads) "
@@ -107,8 +107,7 @@ def step_over_pytorch(sizes: tuple[int, ...], rounds: int) -> dict[str, float]:
           f"{r['blockwise_tokens_per_s']:,.0f} tokens/s, over PyTorch {r['blockwise_ratio']:.2f} "
           "(same rounds)")  # fmt: skip
     if step_speed.huge_pages_contrast() is None:  # glibc's tunables work here
-        kept = torch_twin.rates_in_plain_process(sizes, rounds, tunables=step_speed.ALLOCATORS[
-            "memory kept"])  # fmt: skip
+        kept = torch_twin.rates_in_fresh_process(sizes, rounds, allocator="memory kept")
         print(f"  not a goal, the gap's allocator share: both in one process with memory kept, "
               f"JAX {kept['jax_tokens_per_s']:,.0f} and PyTorch {kept['torch_tokens_per_s']:,.0f} "
               f"tokens/s, JAX / PyTorch {kept['ratio']:.2f} (blockwise "

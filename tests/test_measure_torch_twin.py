@@ -13,7 +13,7 @@ torch = pytest.importorskip(
 )
 
 from jaxloops.data import Batch  # noqa: E402
-from jaxloops.measure import torch_twin  # noqa: E402
+from jaxloops.measure import step_speed, torch_twin  # noqa: E402
 from jaxloops.memory import close_within, rounding_terms  # noqa: E402
 from jaxloops.text import VOCAB_SIZE  # noqa: E402
 from jaxloops.train import make_optimizer, make_train_step  # noqa: E402
@@ -127,8 +127,12 @@ def test_the_kept_memory_run_sets_only_its_tunables(monkeypatch):
 
     monkeypatch.setattr(torch_twin.subprocess, "run", fake_run)
     parent = {"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
-    plain = torch_twin.rates_in_plain_process((1, 8, 2, 1, 12, 5, 3), 3, env=parent)
+    plain = torch_twin.rates_in_fresh_process((1, 8, 2, 1, 12, 5, 3), 3, env=parent)
     assert plain["ratio"] == 1.0 and "GLIBC_TUNABLES" not in seen["env"]
-    kept = {"glibc.malloc.mmap_max": "0", "glibc.malloc.arena_max": "1"}
-    torch_twin.rates_in_plain_process((1, 8, 2, 1, 12, 5, 3), 3, env=parent, tunables=kept)
-    assert seen["env"]["GLIBC_TUNABLES"] == "glibc.malloc.mmap_max=0:glibc.malloc.arena_max=1"
+    torch_twin.rates_in_fresh_process(
+        (1, 8, 2, 1, 12, 5, 3), 3, env=parent, allocator="memory kept"
+    )
+    set_ = dict(t.split("=") for t in seen["env"]["GLIBC_TUNABLES"].split(":"))
+    assert set_ == step_speed.ALLOCATORS["memory kept"]  # the parent's hugetlb=1 is not kept
+    with pytest.raises(ValueError, match="'kept'"):
+        torch_twin.rates_in_fresh_process((1, 8, 2, 1, 12, 5, 3), 3, allocator="kept")

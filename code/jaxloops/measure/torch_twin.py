@@ -30,6 +30,7 @@ from jaxloops import processes
 from jaxloops.attention import attention
 from jaxloops.blockwise import blockwise_attention
 from jaxloops.data import Batch
+from jaxloops.measure import step_speed
 from jaxloops.measure.timing import interleaved_samples, paired_ratio, paired_wins, rounds_needed
 from jaxloops.text import VOCAB_SIZE
 from jaxloops.train import make_optimizer, make_train_step
@@ -253,19 +254,25 @@ def plain_env(env: dict | None = None) -> dict:
     }
 
 
-def rates_in_plain_process(
-    sizes: tuple[int, ...], rounds: int, env: dict | None = None, tunables: dict | None = None
+def rates_in_fresh_process(
+    sizes: tuple[int, ...], rounds: int, env: dict | None = None, allocator: str | None = None
 ) -> dict:
     """`paired_rates` at `sizes`, measured in a new process (`jaxloops.workers.torch_twin`)
-    with `plain_env(env)`, and with glibc's `tunables` ({name: value}, as in
-    `step_speed.ALLOCATORS`) where given: both steps then share that allocator, which says
-    how much of the gap is its. Returns the worker's JSON, plus "wall": its seconds."""
+    with `plain_env(env)`: a plain process (`allocator` None), or one whose glibc is given
+    the tunables of `allocator` (a name in `step_speed.ALLOCATORS`), which both steps then
+    share; the gap that is left is not the allocator's. Returns the worker's JSON, plus
+    "wall": its seconds."""
+    if allocator is not None and allocator not in step_speed.ALLOCATORS:
+        raise ValueError(
+            f"allocator must be None or one of {list(step_speed.ALLOCATORS)}, got {allocator!r}"
+        )
+    process_env = plain_env(env)
+    for name, value in step_speed.ALLOCATORS.get(allocator, {}).items():
+        tunables = process_env.get("GLIBC_TUNABLES", "")
+        process_env["GLIBC_TUNABLES"] = step_speed.with_tunable(tunables, name, value)
     sizes_arg = ",".join(str(int(n)) for n in sizes)
     start = time.perf_counter()
     command = processes.command("torch_twin", "--sizes", sizes_arg, "--rounds", rounds)
-    process_env = plain_env(env)
-    if tunables:
-        process_env["GLIBC_TUNABLES"] = ":".join(f"{k}={v}" for k, v in tunables.items())
     done = subprocess.run(command, env=process_env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the torch-twin worker failed:\n{done.stderr[-2000:]}")

@@ -1,8 +1,9 @@
 """The train step against its PyTorch twin, in a plain process: `python -m
 jaxloops.workers.torch_twin --sizes L,D,N,K,F,T,B --rounds R`.
 
-Started by `measure.torch_twin.rates_in_plain_process` in `torch_twin.plain_env` (no
-allocator variables, JAX on the CPU); prints one JSON line: `torch_twin.paired_rates`.
+Started by `measure.torch_twin.rates_in_fresh_process` in `torch_twin.plain_env` (no
+allocator variables but those it asks for, JAX on the CPU); prints one JSON line:
+`torch_twin.paired_rates`.
 Needs torch (requirements-bench.txt).
 """
 
