@@ -162,3 +162,26 @@ def test_the_remat_step_computes_the_same_loss_and_the_variants_are_timed_agains
         step_speed.step_programs(TINY, jax.random.key(0), names=("step",), remat="most")
     with pytest.raises(ValueError, match="'base' names"):
         step_speed.time_ratios(programs, {"base": remat}, rounds=1)
+
+
+def test_allocator_runs_reads_every_kind_against_the_highest_ceiling(monkeypatch):
+    """The processes raise the build's ceiling in turn; the median process of each kind is
+    read against the highest one, so a faster step is never a smaller share of it."""
+    ceilings = iter(range(100, 100 + 9 * 10, 10))  # each process sees a higher ceiling
+    steps = {"4 KiB pages": [0.12, 0.11, 0.13], "huge pages": [0.09, 0.08, 0.10],
+             "memory kept": [0.07, 0.08, 0.09]}  # fmt: skip
+    calls = {name: iter(times) for name, times in steps.items()}
+
+    def fake(sizes, rounds, allocator, env=None, breakdown=False):
+        seconds = next(calls[allocator])
+        ceiling = float(next(ceilings))
+        return {"seconds": {"step": seconds}, "flops_per_s": 10.0 / seconds,
+                "ceiling": ceiling, "of_ceiling": 10.0 / seconds / ceiling}  # fmt: skip
+
+    monkeypatch.setattr(step_speed, "rates_in_fresh_process", fake)
+    runs = step_speed.allocator_runs((1,) * 7, rounds=1)
+    assert {r["ceiling"] for r in runs.values()} == {180.0}  # the ninth process's
+    assert [runs[k]["seconds"]["step"] for k in steps] == [0.12, 0.09, 0.08]  # medians
+    shares = [runs[k]["of_ceiling"] for k in steps]
+    assert shares == sorted(shares) and shares[0] == pytest.approx(10.0 / 0.12 / 180.0)
+    assert runs["huge pages"]["steps"] == [0.09, 0.08, 0.10]
