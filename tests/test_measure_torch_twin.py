@@ -125,7 +125,7 @@ def test_the_kept_memory_run_sets_only_its_tunables(monkeypatch):
         seen["env"] = env
         return type("Done", (), {"returncode": 0, "stdout": '{"ratio": 1.0}\n', "stderr": ""})()
 
-    monkeypatch.setattr(torch_twin.subprocess, "run", fake_run)
+    monkeypatch.setattr(step_speed.subprocess, "run", fake_run)  # its workers run there
     parent = {"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
     plain = torch_twin.rates_in_fresh_process((1, 8, 2, 1, 12, 5, 3), 3, env=parent)
     assert plain["ratio"] == 1.0 and "GLIBC_TUNABLES" not in seen["env"]

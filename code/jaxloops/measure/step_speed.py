@@ -251,6 +251,31 @@ def with_tunable(tunables: str, name: str, value: str) -> str:
     return ":".join([*kept, f"{name}={value}"])
 
 
+def allocator_env(allocator: str, env: dict) -> dict:
+    """A copy of `env` whose GLIBC_TUNABLES carry the tunables of `allocator` (a name in
+    `ALLOCATORS`), its other tunables kept; a ValueError names an unknown allocator."""
+    if allocator not in ALLOCATORS:
+        raise ValueError(f"allocator must be one of {list(ALLOCATORS)}, got {allocator!r}")
+    env = dict(env)
+    for name, value in ALLOCATORS[allocator].items():
+        env["GLIBC_TUNABLES"] = with_tunable(env.get("GLIBC_TUNABLES", ""), name, value)
+    return env
+
+
+def run_sized_worker(worker: str, sizes: tuple[int, ...], rounds: int, env: dict, *extra) -> dict:
+    """`python -m jaxloops.workers.<worker> --sizes L,D,... --rounds R *extra` in `env`: the
+    JSON of its last printed line, plus "wall": its seconds; a RuntimeError with its stderr
+    where it fails."""
+    sizes_arg = ",".join(str(int(n)) for n in sizes)
+    start = time.perf_counter()
+    command = processes.command(worker, "--sizes", sizes_arg, "--rounds", rounds, *extra)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the {worker} worker failed:\n{done.stderr[-2000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**result, "wall": time.perf_counter() - start}
+
+
 def rates_in_fresh_process(
     sizes: tuple[int, ...],
     rounds: int,
@@ -263,21 +288,10 @@ def rates_in_fresh_process(
     whose glibc is given the tunables of `allocator` (a name in `ALLOCATORS`); the same
     environment otherwise (`env`, default this process's), so it shares this build's
     roofline. Returns the worker's JSON, plus "wall": its seconds."""
-
-    if allocator not in ALLOCATORS:
-        raise ValueError(f"allocator must be one of {list(ALLOCATORS)}, got {allocator!r}")
     env = dict(os.environ if env is None else env, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    for name, value in ALLOCATORS[allocator].items():
-        env["GLIBC_TUNABLES"] = with_tunable(env.get("GLIBC_TUNABLES", ""), name, value)
-    sizes_arg = ",".join(str(int(n)) for n in sizes)
-    start = time.perf_counter()
-    command = processes.command("step_speed", "--sizes", sizes_arg, "--rounds", rounds)
-    command += ["--breakdown"] if breakdown else []
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"the step-speed worker failed:\n{done.stderr[-2000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    return {**result, "wall": time.perf_counter() - start}
+    env = allocator_env(allocator, env)
+    extra = ["--breakdown"] if breakdown else []
+    return run_sized_worker("step_speed", sizes, rounds, env, *extra)
 
 
 def allocator_runs(

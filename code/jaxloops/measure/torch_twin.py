@@ -15,12 +15,9 @@ install it; `make bench` installs requirements-bench.txt).
 
 import dataclasses
 import functools
-import json
 import math
 import os
 import statistics
-import subprocess
-import time
 
 import jax
 import jax.numpy as jnp
@@ -262,19 +259,7 @@ def rates_in_fresh_process(
     the tunables of `allocator` (a name in `step_speed.ALLOCATORS`), which both steps then
     share; the gap that is left is not the allocator's. Returns the worker's JSON, plus
     "wall": its seconds."""
-    if allocator is not None and allocator not in step_speed.ALLOCATORS:
-        raise ValueError(
-            f"allocator must be None or one of {list(step_speed.ALLOCATORS)}, got {allocator!r}"
-        )
     process_env = plain_env(env)
-    for name, value in step_speed.ALLOCATORS.get(allocator, {}).items():
-        tunables = process_env.get("GLIBC_TUNABLES", "")
-        process_env["GLIBC_TUNABLES"] = step_speed.with_tunable(tunables, name, value)
-    sizes_arg = ",".join(str(int(n)) for n in sizes)
-    start = time.perf_counter()
-    command = processes.command("torch_twin", "--sizes", sizes_arg, "--rounds", rounds)
-    done = subprocess.run(command, env=process_env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"the torch-twin worker failed:\n{done.stderr[-2000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    return {**result, "wall": time.perf_counter() - start}
+    if allocator is not None:
+        process_env = step_speed.allocator_env(allocator, process_env)
+    return step_speed.run_sized_worker("torch_twin", sizes, rounds, process_env)
