@@ -221,8 +221,8 @@ def test_the_time_to_the_stated_loss_is_the_first_hook_at_or_below_it():
 
 def test_a_variant_is_predicted_from_its_matmul_flops_and_its_other_bytes():
     """A variant with 4/3 the matmul FLOPs and 1.5 times the other bytes, the matmuls half the
-    time: 0.5 * 4/3 + 0.5 * 1.5 = 17/12. Measured at 1.4 within rounds 1.35 to 1.5 it holds;
-    the known-wrong prediction (the base against itself, 1.0) falls outside them."""
+    time: 0.5 * 4/3 + 0.5 * 1.5 = 17/12; the base against itself predicts 1.0. The page shows
+    the predictions beside the measured ratios and does not assert them."""
     from jaxloops.measure.breakdown import Kernel
 
     kernel = lambda flops, size: Kernel("k", "fusion", "", (), "", flops, size)
@@ -233,9 +233,7 @@ def test_a_variant_is_predicted_from_its_matmul_flops_and_its_other_bytes():
     assert row["FLOPs ratio"] == pytest.approx(4 / 3) and row["other bytes ratio"] == 1.5
     assert row["predicted time ratio"] == pytest.approx(17 / 12)
     assert row["tokens/s ratio"] == pytest.approx(1 / 1.4)
-    assert page.within_spread(row["predicted time ratio"], 1.35, 1.5, 0.1)
-    same = page.kernel_prediction(0.5, base, base)["time_ratio"]
-    assert same == 1.0 and not page.within_spread(same, 1.35, 1.5, 0.1)
+    assert page.kernel_prediction(0.5, base, base)["time_ratio"] == 1.0
     with pytest.raises(ValueError, match="matmul_share must be in"):
         page.kernel_prediction(-0.1, base, remat)
 

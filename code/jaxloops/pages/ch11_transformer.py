@@ -393,12 +393,6 @@ def variant_rows(matmul_share: float, base, variants: dict, measured: dict) -> l
     return rows
 
 
-def within_spread(predicted: float, low: float, high: float, margin: float) -> bool:
-    """A prediction lies within the paired rounds' own spread (the least and the most
-    round), widened by `margin` either way."""
-    return low / (1 + margin) <= predicted <= high * (1 + margin)
-
-
 def precision_prediction(matmul_share: float, rates: dict, wide_kernels, narrow_kernels) -> dict:
     """Chapter 11's prediction for the step in bfloat16, from the float32 step's breakdown:
     its matmul kernels' share of the traced time scales by the bfloat16 matmul's time over
