@@ -254,3 +254,17 @@ def test_precision_groups_puts_the_two_breakdowns_side_by_side():
     assert norms["time, bf16 / f32"] == pytest.approx(1.5)  # a group bfloat16 made slower
     assert loss["bfloat16 ms"] == 0.0 and loss["time, bf16 / f32"] is None
     assert casts["float32 ms"] == 0.0 and casts["time, bf16 / f32"] is None  # bf16's alone
+
+
+def test_the_blockwise_bound_is_the_controls_gap_amplified_and_rejects_a_wrong_attention():
+    # The CPU: the control's gap is below one rounding of a 3-nat loss; blockwise's 2.4e-7 passes
+    cpu = page.same_training_bound(control_gap=1e-8, loss=3.0)
+    assert cpu == pytest.approx(10 * 3.0 * np.finfo(np.float32).eps) and 2.4e-7 <= cpu
+    # The TPU v5e: training amplified rounding to 5.4e-3 nats; a control of the same order passes
+    assert 5.4e-3 <= page.same_training_bound(control_gap=2e-3, loss=2.9)
+    # ... a curve 0.2 nats away (a different function, not its rounding) does not
+    assert not 0.2 <= page.same_training_bound(control_gap=5.4e-3, loss=2.9)
+    # ... nor does a rounding-sized gap with no amplification measured to excuse it
+    assert not 1e-4 <= page.same_training_bound(control_gap=0.0, loss=2.9)
+    with pytest.raises(ValueError, match="control_gap -1"):
+        page.same_training_bound(control_gap=-1.0, loss=2.9)

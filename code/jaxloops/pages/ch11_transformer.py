@@ -431,3 +431,22 @@ def no_faster_than_predicted(figures: dict, margin: float) -> bool:
     refuted it: predicted 1.10, measured 0.98, every round between 0.974 and 0.988.
     """
     return figures["speedup_low"] <= figures["speedup_predicted"] * (1 + margin)
+
+
+def same_training_bound(control_gap: float, loss: float, margin: float = 10.0) -> float:
+    """Chapter 11's bound on how far blockwise attention's loss curve may sit from naive's:
+    `margin` times the gap of a control, the naive model trained again from parameters one
+    float32 rounding away (scaled by 1 + eps), or times one rounding of the `loss` when the
+    control's gap is smaller than that.
+
+    A fixed bound held on the CPU (2.4e-7 nats after 4 epochs) and failed on the TPU v5e
+    (5.4e-3 after 5 epochs at precision "highest", 1e-4 after the first): Adam turns the
+    sign of a near-zero gradient into a step of the full learning rate, so training
+    amplifies a rounding difference by an amount that depends on the model and the backend.
+    The control measures that amplification on the machine the page runs on.
+    """
+    if not (control_gap >= 0 and loss > 0 and margin > 0):
+        raise ValueError(
+            f"control_gap {control_gap} must be >= 0, loss {loss} and margin {margin} > 0"
+        )
+    return margin * max(control_gap, float(np.finfo(np.float32).eps) * loss)
