@@ -241,6 +241,7 @@ def execute(out: pathlib.Path, paths: list[str], limit: float) -> None:
     import nbformat
 
     import run_chapter
+    from in_process import cell_line
     from in_process import execute as run_cells
     from jaxloops.pages import goals
 
@@ -250,7 +251,7 @@ def execute(out: pathlib.Path, paths: list[str], limit: float) -> None:
         began, notebook = time.perf_counter(), run_chapter.read_chapter(path)
         noted = out / "goals" / path.stem  # where this chapter's `goals.note_measured` writes
         os.environ[goals.BUILD_GOALS_ENV] = str(noted)
-        report = lambda i, s: print(f"cell {i}: {s:.1f} s", file=sys.__stdout__, flush=True)
+        report = lambda *cell: print(cell_line(*cell), file=sys.__stdout__, flush=True)
         failures = run_cells(notebook, path.parent, keep_going=True, on_cell=report, limit=limit)
         seconds = time.perf_counter() - began
         nbformat.write(notebook, out / "notebooks" / f"{path.stem}.ipynb")

@@ -158,6 +158,13 @@ def _fresh_shell():
     return shell
 
 
+def cell_line(index: int, seconds: float, failure=None) -> str:
+    """One log line per cell as it ends, its failure on the same line: a run killed at its
+    budget before the notebook is written still says which checks failed."""
+    failed = f"  FAILED {failure.ename}: {failure.evalue}"[:400] if failure else ""
+    return f"cell {index}: {seconds:.1f} s{failed}"
+
+
 def execute(notebook, cwd, keep_going=False, on_cell=None, limit=None):
     """Runs `notebook`'s code cells in order, in this process, filling in their outputs.
 
@@ -168,7 +175,8 @@ def execute(notebook, cwd, keep_going=False, on_cell=None, limit=None):
       notebook: an nbformat notebook (e.g. `jupytext.read(...)`); changed in place.
       cwd: the directory the cells run in (a chapter's folder, as the book build does).
       keep_going: run the cells after a failing one too.
-      on_cell: called as `on_cell(index, seconds)` after each code cell.
+      on_cell: called as `on_cell(index, seconds, failure)` after each code cell, `failure`
+        its `CellError` or None (`cell_line` writes the three as a log line).
       limit: seconds for the whole notebook, or None. Past it the running cell is interrupted
         (at its next Python instruction: not inside one compiled call) and fails, and no
         later cell runs.
@@ -199,10 +207,11 @@ def execute(notebook, cwd, keep_going=False, on_cell=None, limit=None):
             cell.execution_count = shell.execution_count - 1
             OUTPUTS.cell = None
             error = result.error_before_exec or result.error_in_exec
+            failure = error and CellError(index, type(error).__name__, str(error))
             if on_cell is not None and (error is None or keep_going):
-                on_cell(index, time.perf_counter() - began)
+                on_cell(index, time.perf_counter() - began, failure)
             if error is not None:
-                failures.append(CellError(index, type(error).__name__, str(error)))
+                failures.append(failure)
                 if not keep_going or isinstance(error, OverTimeLimit):
                     break
     finally:

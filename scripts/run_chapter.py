@@ -53,15 +53,16 @@ def execute_with_kernel(notebook, cwd, timeout, keep_going, on_cell):
         for index, cell in enumerate(notebook.cells):
             if cell.cell_type != "code":
                 continue
-            began = time.perf_counter()
+            began, failure = time.perf_counter(), None
             try:
                 client.execute_cell(cell, index)
             except nbclient.exceptions.CellExecutionError as error:
-                failures.append(in_process.CellError(index, error.ename, error.evalue))
+                failure = in_process.CellError(index, error.ename, error.evalue)
+                failures.append(failure)
                 if not keep_going:
                     print(error, file=sys.stderr)  # the whole traceback
                     break
-            on_cell(index, time.perf_counter() - began)
+            on_cell(index, time.perf_counter() - began, failure)
     return failures
 
 
@@ -89,7 +90,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     print(f"executing {source.relative_to(ROOT)} ...", flush=True)
     # one line per cell as it ends: a chapter stopped at a time limit shows where its time went
-    report = lambda index, seconds: print(f"cell {index}: {seconds:.1f} s", flush=True)
+    report = lambda *cell: print(in_process.cell_line(*cell), flush=True)
     if args.in_process:
         failures = in_process.execute(notebook, source.parent, args.keep_going, report)
     else:

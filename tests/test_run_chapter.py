@@ -80,6 +80,9 @@ def test_keep_going_runs_past_a_failing_cell_and_reports_each_failure(
     assert [line.split(":")[0] for line in out.splitlines() if line.startswith("cell")] == [
         "cell 1", "cell 2", "cell 3", "cell 4"
     ]  # fmt: skip
+    # each failure on its cell's line as it ends: a run killed at its budget still says so
+    logged = [line.split("  FAILED ")[-1] for line in out.splitlines() if "FAILED" in line]
+    assert logged == ["AssertionError: x is not 2", "AssertionError: y is not 4"]
     failed = [line for line in err.splitlines() if line.startswith("FAILED cell")]
     assert failed == ["FAILED cell 2: AssertionError: x is not 2",
                       "FAILED cell 4: AssertionError: y is not 4"]  # fmt: skip
