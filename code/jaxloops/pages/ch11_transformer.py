@@ -436,11 +436,12 @@ def no_faster_than_predicted(figures: dict, margin: float) -> bool:
 def same_training_bound(control_gap: float, loss: float, margin: float = 10.0) -> float:
     """Chapter 11's bound on how far blockwise attention's loss curve may sit from naive's:
     `margin` times the gap of a control, the naive model trained again from parameters one
-    float32 rounding away (scaled by 1 + eps), or times one rounding of the `loss` when the
-    control's gap is smaller than that.
+    rounding away (scaled by 1 + eps, eps the largest relative error of the attentions'
+    operations on the backend: float32's epsilon on a CPU, the log's 1.1e-4 on a TPU v5e),
+    or times one float32 rounding of the `loss` when the control's gap is smaller than that.
 
     A fixed bound held on the CPU (2.4e-7 nats after 4 epochs) and failed on the TPU v5e
-    (5.4e-3 after 5 epochs at precision "highest", 1e-4 after the first): Adam turns the
+    (5.4e-3 after 5 epochs at precision "highest", 1e-4 after the first): Adam can turn the
     sign of a near-zero gradient into a step of the full learning rate, so training
     amplifies a rounding difference by an amount that depends on the model and the backend.
     The control measures that amplification on the machine the page runs on.
