@@ -142,7 +142,8 @@ def tests(out: pathlib.Path, seconds: float, pytest_args: list[str]) -> dict:
     if code is None:
         return {"status": "timed out", "detail": f"after {seconds:.0f} s", **ended_tests(log)}
     summary = test_summary(junit) if junit.is_file() else {}
-    return {"status": "ok" if code == 0 else f"exit {code}", **summary}
+    ran = {"manifest": device_records.suite_manifest()}  # what was tested: stale when it changes
+    return {"status": "ok" if code == 0 else f"exit {code}", **summary, **ran}
 
 
 def ended_tests(log: pathlib.Path) -> dict:

@@ -256,3 +256,18 @@ def test_a_module_s_comments_and_docstrings_do_not_stale_a_record(tree):
     assert device_records.changed(recorded) == []
     timing.write_text('"""Timing."""\n\ndef f():\n    """Doc."""\n    return 2  # one\n')
     assert device_records.changed(recorded) == ["code/jaxloops/measure/timing.py"]
+
+
+def test_a_suite_record_is_stale_when_a_test_or_package_file_changes(tree):
+    (tree / "tests").mkdir()
+    (tree / "tests" / "test_a.py").write_text("def test_a():\n    assert True\n")
+    recorded = device_records.suite_manifest()
+    assert "tests/test_a.py" in recorded and "code/jaxloops/unused.py" in recorded
+    assert device_records.suite_changed(recorded) == []
+    # a docstring is not what runs; an assertion is
+    (tree / "tests" / "test_a.py").write_text('def test_a():\n    """Doc."""\n    assert True\n')
+    assert device_records.suite_changed(recorded) == []
+    (tree / "tests" / "test_a.py").write_text("def test_a():\n    assert False\n")
+    assert device_records.suite_changed(recorded) == ["tests/test_a.py"]
+    (tree / "code" / "jaxloops" / "new.py").write_text("N = 1\n")  # a new file the run lacked
+    assert "code/jaxloops/new.py" in device_records.suite_changed(recorded)

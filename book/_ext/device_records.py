@@ -200,6 +200,19 @@ def manifest(chapter: pathlib.Path) -> dict[str, str]:
     return entries
 
 
+def suite_manifest() -> dict[str, str]:
+    """{path: `code_hash`} of what a run of the test suite runs: every Python file under
+    tests/ and the package. A suite record whose manifest differs is marked stale."""
+    files = sorted([*(ROOT / "tests").rglob("*.py"), *PACKAGE.rglob("*.py")])
+    return {str(p.relative_to(ROOT)): code_hash(p.read_text()) for p in files}
+
+
+def suite_changed(recorded: dict[str, str]) -> list[str]:
+    """The suite's files that differ today from a recorded `suite_manifest`, or are new or gone."""
+    today = suite_manifest()
+    return sorted(p for p in today.keys() | recorded.keys() if today.get(p) != recorded.get(p))
+
+
 def changed(recorded: dict[str, str]) -> list[str]:
     """The files of a recorded manifest that differ today (or are gone), and files the chapter
     imports today that the record did not."""
@@ -339,6 +352,14 @@ def _run_nodes(directive, device):
             f"budget ({tests['detail']}); of the tests that ended: {counts or 'none listed'}."
         )
     if tests:
+        if "manifest" not in tests:
+            text += " Its files were not hashed (a run before suite manifests)."
+        elif suite_changed(tests["manifest"]):
+            stale = suite_changed(tests["manifest"])
+            text += f" Stale: {len(stale)} of its files changed since ({', '.join(stale[:6])}"
+            text += ", ...)." if len(stale) > 6 else ")."
+        else:
+            text += " Current: no test or package file has changed since."
         out.append(nodes.paragraph(text=text))
         listed = [
             (kind, line)
