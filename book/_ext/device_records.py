@@ -326,14 +326,15 @@ def _run_nodes(directive, device):
             rows.append((chapter.stem, "not run yet", "", "", ""))
             continue
         stale = changed(entry["manifest"])
-        cells = ", ".join(str(f["index"]) for f in entry["failures"] if f["index"] is not None)
+        failed = [str(f["index"]) for f in entry["failures"] if f["index"] is not None]
+        cells = ("cell " if len(failed) == 1 else "cells ") + ", ".join(failed) if failed else ""
         rows.append(
             (
                 chapter.stem,
-                entry["status"] + (f" (cells {cells})" if cells else ""),
+                entry["status"] + (f" ({cells})" if cells else ""),
                 _seconds(entry["seconds"]),
                 entry.get("date", ""),
-                f"stale: {len(stale)} files changed" if stale else "current",
+                f"stale: {len(stale)} file{'s' * (len(stale) > 1)} changed" if stale else "current",
             )
         )
     out = [nodes.paragraph(text=f"Device: {run['device']}, JAX {run['jax']}.")]

@@ -122,7 +122,10 @@ def test_a_chapter_shows_its_tpu_run_one_click_away(browser_context, base_url):
         record.wait_for(state="visible")
         page.goto(base_url + "book/tpu.html", wait_until="load")
         rows = page.locator("table tbody tr").count()
+        suite = page.get_by_text("The test suite there", exact=False).first.inner_text()
     finally:
         page.close()
     chapters = len(list((ROOT / "book").glob("[0-9][0-9]*_*.md")))
     assert hidden_before and rows >= chapters
+    # the suite's record says whether the files it ran are today's
+    assert any(word in suite for word in ("Current:", "Stale:", "were not hashed")), suite
