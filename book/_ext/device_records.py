@@ -353,10 +353,10 @@ def _run_nodes(directive, device):
             f"budget ({tests['detail']}); of the tests that ended: {counts or 'none listed'}."
         )
     if tests:
-        if "manifest" not in tests:
+        stale = suite_changed(tests["manifest"]) if "manifest" in tests else None
+        if stale is None:
             text += " Its files were not hashed (a run before suite manifests)."
-        elif suite_changed(tests["manifest"]):
-            stale = suite_changed(tests["manifest"])
+        elif stale:
             text += f" Stale: {len(stale)} of its files changed since ({', '.join(stale[:6])}"
             text += ", ...)." if len(stale) > 6 else ")."
         else:
