@@ -16,6 +16,7 @@ import ast
 import hashlib
 import json
 import pathlib
+import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "code" / "jaxloops"
@@ -363,22 +364,30 @@ def _run_nodes(directive, device):
             text += " Current: no test or package file has changed since."
         out.append(nodes.paragraph(text=text))
         listed = [
-            (kind, line)
+            (kind, *_test_and_reason(line))
             for kind in ("failure", "error", "skipped")
             for line in tests.get(f"{kind} list", [])
         ]
         if listed:
-            out.append(_table([("kind", "test: reason"), *listed]))
+            # Test ids are long words: the table's class lets them wrap anywhere (the CSS)
+            out.append(_table([("kind", "test", "reason"), *listed], classes=["device-tests"]))
     return out
+
+
+def _test_and_reason(line: str) -> tuple[str, str]:
+    """A listed test's id and its reason, from "id: reason", where the id's parameters
+    ("name[a-b: c]") may hold a colon themselves."""
+    match = re.match(r"(\S*?(?:\[.*?\])?): (.*)", line, re.S)
+    return (match[1], match[2]) if match else (line, "")
 
 
 OUTCOME_WORDS = ("passed", "failure", "error", "skipped")
 
 
-def _table(rows):
+def _table(rows, classes=()):
     from docutils import nodes
 
-    table, group = nodes.table(), nodes.tgroup(cols=len(rows[0]))
+    table, group = nodes.table(classes=list(classes)), nodes.tgroup(cols=len(rows[0]))
     table += group
     group.extend(nodes.colspec(colwidth=1) for _ in rows[0])
     for part, part_rows in ((nodes.thead(), rows[:1]), (nodes.tbody(), rows[1:])):
