@@ -179,3 +179,21 @@ def test_the_findings_state_the_prediction_and_what_missed_it():
     assert f["library_worst"] == pytest.approx(5.0)
     assert "faster in 1 of 16 configurations, 1 of them causal" in page.findings_markdown(record)
     assert page.findings_markdown(None).startswith("*No TPU run recorded")
+
+
+def test_breakdown_rows_put_two_steps_side_by_side_and_leave_out_an_empty_trace():
+    row = lambda ms, mb: {"seconds": ms / 1e3, "bytes": mb * 1e6}
+    traced = {
+        "a": {"attention": row(4.0, 30.0), "matmul": row(2.0, 10.0)},
+        "b": {"matmul": row(2.0, 10.0), "attention": row(1.0, 3.0), "copies": row(0.5, 1.0)},
+    }
+    rows, said = page.breakdown_rows(traced, {"a": "with `a`", "b": "with b"})
+    assert [r["group"] for r in rows] == ["attention", "matmul", "copies", "all traced"]
+    assert rows[0]["with `a`, ms"] == 4.0 and rows[0]["with b, ms"] == 1.0
+    assert rows[2]["with `a`, ms"] is None and rows[2]["with b, MB"] == 1.0
+    assert rows[-1]["with `a`, ms"] == 6.0 and rows[-1]["with b, ms"] == 3.5
+    assert "4.00 ms traced with a." in said and "`" not in said
+    empty = {"a": traced["a"], "b": {"matmul": row(0.0, 10.0)}}
+    rows, said = page.breakdown_rows(empty, {"a": "with a", "b": "with b"})
+    assert not any(key.startswith("with b") for r in rows for key in r)
+    assert "The trace of the step with b held none of its kernels" in said

@@ -466,3 +466,39 @@ def findings_markdown(record: dict | None) -> str:
             f"({f['library_worst_at']})."
         )  # fmt: skip
     return "\n".join(lines)
+
+
+def breakdown_rows(traced: dict[str, dict], labels: dict[str, str]) -> tuple[list[dict], str]:
+    """Two steps' breakdowns (`step_speed.step_breakdown`, {name: {group: row}}) side by side:
+    one row per group, the first step's order, each step's traced ms and its kernels' MB (None
+    where it has no such group), and a last row of all traced ms; a step whose trace held
+    none of its kernels is left out. Returns the rows and the sentence that goes with them."""
+    total = {
+        name: sum(row["seconds"] for row in groups.values()) for name, groups in traced.items()
+    }
+    shown = [name for name in traced if total[name] > 0]
+    order = list(dict.fromkeys(group for groups in traced.values() for group in groups))
+    cell = lambda name, group, key, scale: (
+        scale * traced[name][group][key] if group in traced[name] else None
+    )
+    units = (("ms", "seconds", 1e3), ("MB", "bytes", 1e-6))
+    rows = [{"group": group, **{f"{labels[name]}, {unit}": cell(name, group, key, scale)
+                                for name in shown for unit, key, scale in units}}
+            for group in order]  # fmt: skip
+    rows.append(
+        {"group": "all traced", **{f"{labels[name]}, ms": 1e3 * total[name] for name in shown}}
+    )
+    plain = {name: labels[name].replace("`", "") for name in traced}  # glued text is not Markdown
+    said = [
+        f"The attention row is what the prediction above assumed moves: "
+        f"{1e3 * traced[name].get('attention', {'seconds': 0.0})['seconds']:.2f} ms traced "
+        f"{plain[name]}."
+        for name in shown
+    ] + [
+        f"The trace of the step {plain[name]} held none of its kernels, so the table leaves it "
+        f"out (the kernel ran in Pallas's TPU interpreter, and the profiler's trace of that "
+        f"program held only its dispatch)."
+        for name in traced
+        if name not in shown
+    ]
+    return rows, " ".join(said)

@@ -1,0 +1,58 @@
+import jax
+import pytest
+
+import jaxloops
+from jaxloops.blockwise import blockwise_attention
+from jaxloops.measure import attention_swap
+
+
+def test_masked_flops_are_half_the_scores_and_the_mix_forward_and_backward():
+    L, D, N, K, F, T, B = 2, 64, 4, 2, 256, 128, 3
+    full_forward = 4 * B * N * T * T * (D // N)  # QK^T and PV, one layer
+    assert attention_swap.masked_flops((L, D, N, K, F, T, B)) == L * 3 * full_forward / 2
+    assert (
+        attention_swap.masked_flops((L, D, N, K, F, T, B)) != L * full_forward / 2
+    )  # forward only
+
+
+def test_the_prediction_moves_the_step_by_the_layers_difference_only():
+    assert attention_swap.predicted_step(10.0, 1.0, 0.25, 4) == 7.0
+    assert attention_swap.predicted_step(10.0, 1.0, 0.25, 4) != 10.0 - (1.0 - 0.25)  # one layer
+    with pytest.raises(ValueError, match="layers >= 1"):
+        attention_swap.predicted_step(10.0, 1.0, 0.25, 0)
+
+
+def test_swap_sizes_are_chapter_11s_on_a_tpu_and_one_small_layer_elsewhere():
+    tpu, cpu = jaxloops.experiment_sizes("tpu"), jaxloops.experiment_sizes("cpu")
+    assert attention_swap.swap_sizes(tpu) == tpu.lm.speed
+    L, D, N, K, F, T, B = attention_swap.swap_sizes(cpu)
+    assert (L, N, K, T, B) == (
+        1,
+        cpu.kernel.heads,
+        cpu.kernel.kv_heads,
+        cpu.kernel.block,
+        cpu.kernel.batch,
+    )
+    assert D // N == cpu.kernel.head_dim
+
+
+def test_the_swap_reports_shares_and_a_prediction_consistent_with_its_seconds():
+    sizes = (1, 32, 2, 1, 64, 16, 2)
+    attends = {"attention": jaxloops.attention, "blockwise": blockwise_attention}
+    swap = attention_swap.attention_swap(sizes, attends, rounds=2, key=jax.random.key(0))
+    s = swap["seconds"]
+    assert set(s) == {"step, attention", "step, blockwise", "layer, attention", "layer, blockwise"}
+    assert swap["flops"] == swap["steps"]["attention"]["step_flops"]  # one model's work for both
+    for name in attends:
+        assert swap["of_ceiling"][name] == pytest.approx(
+            swap["flops"] / s[f"step, {name}"] / swap["ceiling"]
+        )
+    expected = s["step, attention"] - (s["layer, attention"] - s["layer, blockwise"])
+    assert swap["predicted"] == pytest.approx(expected)
+    assert swap["measured_over_predicted"] == pytest.approx(expected / s["step, blockwise"])
+    unmasked = swap["flops"] - attention_swap.masked_flops(sizes)
+    assert swap["of_ceiling_unmasked"] == pytest.approx(
+        unmasked / s["step, blockwise"] / swap["ceiling"]
+    )
+    with pytest.raises(ValueError, match="two attentions"):
+        attention_swap.attention_swap(sizes, {"attention": jaxloops.attention}, rounds=1)
