@@ -331,6 +331,12 @@ def record_run(files_at: pathlib.Path) -> None:
     earlier run's is removed, not shown as its outputs); the rest stay, and so does the record
     of a chapter the run's budget stopped before it ended (it says nothing of the chapter)."""
     new = json.loads((files_at / "run.json").read_text())
+    if new["backend"] == "cpu":  # the CPU's figures come from the build and `make bench`
+        raise ValueError(
+            f"the run at {files_at} found backend {new['backend']!r} ({new.get('device')}): JAX "
+            "did not see the accelerator (a PYTHONPATH set afresh hides the machine's JAX: "
+            "book/tpu.md); not recorded"
+        )
     target = ROOT / "results" / new["backend"]
     target.mkdir(parents=True, exist_ok=True)
     merged = device_records.load_run(new["backend"]) or {"chapters": {}}

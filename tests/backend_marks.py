@@ -14,7 +14,8 @@ def xla_cpu_only(seen_on_gpu: str):
     page faults); `seen_on_gpu` is what the H200 run found instead."""
     return pytest.mark.skipif(
         jax.default_backend() != "cpu",
-        reason=f"checks XLA:CPU's choice; on an H200 (JAX 0.11.2): {seen_on_gpu}",
+        reason=f"checks XLA:CPU's choice, not {jax.default_backend()}'s; on an H200 (JAX 0.11.2): "
+        f"{seen_on_gpu}",
     )
 
 

@@ -192,6 +192,16 @@ def test_recording_a_run_replaces_the_chapters_it_ran_and_keeps_the_rest(tree):
     assert notebook("02")["run"].endswith("first")
 
 
+def test_a_run_that_found_only_the_cpu_is_refused_not_recorded(tree):
+    # One chip run (2026-12-07) found a plain JAX before the machine's and ran on its CPU
+    (tree / "fell_back").mkdir()
+    run = {"device": "cpu", "backend": "cpu", "jax": "0.10.2", "date": "2026-12-07", "stages": {}}
+    (tree / "fell_back" / "run.json").write_text(json.dumps(run))
+    with pytest.raises(ValueError, match="found backend 'cpu'"):
+        device_run.record_run(tree / "fell_back")
+    assert not (tree / "results").exists()
+
+
 def test_a_test_run_cut_short_still_says_which_tests_ended(tmp_path):
     (tmp_path / "tests.log").write_text(
         "tests/test_a.py::test_one PASSED [ 10%]\n"

@@ -56,3 +56,19 @@ def test_the_swap_reports_shares_and_a_prediction_consistent_with_its_seconds():
     )
     with pytest.raises(ValueError, match="two attentions"):
         attention_swap.attention_swap(sizes, {"attention": jaxloops.attention}, rounds=1)
+
+
+def test_the_traced_step_splits_its_copies_by_the_file_that_made_them():
+    from jaxloops.measure import step_speed
+
+    sizes = (1, 32, 2, 1, 64, 16, 2)
+    programs = step_speed.step_programs(sizes, jax.random.key(0), names=("step",))
+    traced = attention_swap.traced_step(programs, tries=1)
+    groups, by_file = traced["groups"], traced["copies by file"]
+    assert groups["matmul: MLP"]["flops"] == 3 * 2 * 2 * 16 * 2 * 32 * 64  # as step_breakdown's
+    copies = groups.get("copies and transposes", {"kernels": 0, "seconds": 0.0, "bytes": 0.0})
+    # The files' rows add up to the group's, kernel for kernel
+    assert sum(r["kernels"] for r in by_file.values()) == copies["kernels"]
+    assert sum(r["seconds"] for r in by_file.values()) == pytest.approx(copies["seconds"])
+    assert sum(r["bytes"] for r in by_file.values()) == pytest.approx(copies["bytes"])
+    assert all("/" not in name for name in by_file)  # a file's name, not its path

@@ -33,7 +33,11 @@ def test_cudnn_request_reports_what_happened():
         assert record["error"] == "RuntimeError: cuDNN is not detected."
 
 
-@pytest.mark.skipif(not ON_GPU, reason="cuDNN's own refusals need a GPU; a CPU has no cuDNN")
+@pytest.mark.skipif(
+    not ON_GPU,
+    reason=f"cuDNN's own refusals need a GPU; this run's backend, {jax.default_backend()}, "
+    "has no cuDNN",
+)
 @pytest.mark.parametrize(
     "dtype, head_dim, refusal",
     [

@@ -197,3 +197,26 @@ def test_breakdown_rows_put_two_steps_side_by_side_and_leave_out_an_empty_trace(
     rows, said = page.breakdown_rows(empty, {"a": "with a", "b": "with b"})
     assert not any(key.startswith("with b") for r in rows for key in r)
     assert "The trace of the step with b held none of its kernels" in said
+
+
+def test_what_changed_names_the_group_that_moved_most_and_where_the_copies_came_from():
+    row = lambda ms, kernels=1: {"seconds": ms / 1e3, "kernels": kernels}
+    a = {
+        "groups": {"attention": row(46.0), "copies and transposes": row(2.0), "MLP": row(19.0)},
+        "copies by file": {"attention.py": row(1.5, 4), "transformer.py": row(0.5, 2)},
+    }
+    b = {
+        "groups": {"attention": row(4.0), "copies and transposes": row(13.0), "MLP": row(19.5)},
+        "copies by file": {"pallas_attention.py": row(11.0, 12), "": row(2.0, 3)},
+    }
+    said = page.what_changed({"a": a, "b": b}, {"a": "with `a`", "b": "with b"})
+    assert "the group that moved most is copies and transposes" in said  # not attention's -42
+    assert "2.00 ms with a, 13.00 ms with b (+11.00 ms)" in said and "`" not in said
+    assert (
+        "with b, by the file whose line made them: 11.00 ms made in pallas_attention.py "
+        "(12 kernels), 2.00 ms made in no source line (3 kernels)" in said
+    )
+    empty = {"groups": {"MLP": row(0.0)}, "copies by file": {}}
+    assert page.what_changed({"a": a, "b": empty}, {"a": "a", "b": "b"}) == ""
+    with pytest.raises(ValueError, match="two steps"):
+        page.what_changed({"a": a}, {"a": "a"})

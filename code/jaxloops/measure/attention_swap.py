@@ -5,12 +5,13 @@ timed alone.
 Sizes are (L, D, N, K, F, T, B), as `LanguageModelSizes.speed` holds them.
 """
 
+import pathlib
 import statistics
 
 import jax
 import jax.numpy as jnp
 
-from jaxloops.measure import step_speed
+from jaxloops.measure import breakdown, step_speed
 from jaxloops.measure.roofline import ceiling_matmul, roofline
 from jaxloops.measure.timing import interleaved_samples
 
@@ -102,4 +103,21 @@ def attention_swap(sizes: tuple[int, ...], attends: dict, rounds: int, key=None)
         "of_ceiling": {name: flops / seconds[f"step, {name}"] / ceiling for name in attends},
         "of_ceiling_unmasked": (flops - masked_flops(sizes)) / seconds[f"step, {second}"] / ceiling,
         "measured_over_predicted": predicted / seconds[f"step, {second}"],
+    }
+
+
+def traced_step(programs: dict, tries: int = 3) -> dict[str, dict]:
+    """A step of `step_programs` traced on the device, its kernels grouped twice: "groups", as
+    chapter 11 groups them (`step_speed.step_breakdown`'s rows), and "copies by file", the
+    group of copies and transposes by the file whose line made each kernel ("" for none)."""
+    compiled, args = programs["step"]
+    seconds = breakdown.kernel_seconds(compiled, *args, tries=tries)
+    kernels = breakdown.kernels_of(compiled)
+    group, roof = breakdown.transformer_group, roofline()
+    copies = [k for k in kernels if group(k) == "copies and transposes"]
+    return {
+        "groups": breakdown.grouped(kernels, seconds, group, roof),
+        "copies by file": breakdown.grouped(
+            copies, seconds, lambda k: pathlib.Path(k.file).name, roof
+        ),
     }

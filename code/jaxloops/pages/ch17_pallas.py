@@ -502,3 +502,33 @@ def breakdown_rows(traced: dict[str, dict], labels: dict[str, str]) -> tuple[lis
         if name not in shown
     ]
     return rows, " ".join(said)
+
+
+def what_changed(traced: dict[str, dict], labels: dict[str, str]) -> str:
+    """What moved between two traced steps (`attention_swap.traced_step`, {name: traced}, the
+    first the reference): the group besides attention whose traced time changed most, and each
+    step's copies and transposes by the file whose line made them (the three largest). "" where
+    a trace held none of its kernels (Pallas's interpreter on a CPU)."""
+    if len(traced) != 2:
+        raise ValueError(f"traced must hold two steps, got {list(traced)}")
+    ms = lambda name, group: 1e3 * traced[name]["groups"].get(group, {"seconds": 0.0})["seconds"]
+    groups = sorted({group for t in traced.values() for group in t["groups"]})
+    if not all(sum(ms(name, g) for g in groups) > 0 for name in traced):
+        return ""
+    first, second = traced
+    plain = {name: labels[name].replace("`", "") for name in traced}  # glued text is not Markdown
+    moved = max((g for g in groups if g != "attention"),
+                key=lambda g: abs(ms(second, g) - ms(first, g)))  # fmt: skip
+    said = [
+        f"Besides attention, the group that moved most is {moved}: {ms(first, moved):.2f} ms "
+        f"{plain[first]}, {ms(second, moved):.2f} ms {plain[second]} "
+        f"({ms(second, moved) - ms(first, moved):+.2f} ms)."
+    ]
+    for name in traced:
+        files = list(traced[name]["copies by file"].items())[:3]
+        parts = [f"{1e3 * row['seconds']:.2f} ms made in {file or 'no source line'} "
+                 f"({row['kernels']} kernels)" for file, row in files]  # fmt: skip
+        if parts:
+            said.append(f"The copies and transposes {plain[name]}, by the file whose line made "
+                        f"them: {', '.join(parts)}.")  # fmt: skip
+    return " ".join(said)
