@@ -192,6 +192,24 @@ def test_recording_a_run_replaces_the_chapters_it_ran_and_keeps_the_rest(tree):
     assert notebook("02")["run"].endswith("first")
 
 
+def test_each_chapter_s_notebook_is_packed_as_it_ends_beside_the_earlier_ones(tmp_path):
+    # A command killed at the device's limit brings back what is in $OUT: the notebooks must
+    # already be in the one tar, and no goals/ files may take the tool's 8 slots
+    for name in ("07_x", "17_x"):
+        (tmp_path / "notebooks").mkdir()
+        (tmp_path / "notebooks" / f"{name}.ipynb").write_text(name)
+        (tmp_path / "goals" / name).mkdir(parents=True)
+        (tmp_path / "goals" / name / "g.json").write_text("{}")
+        device_run.pack(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notebooks.tar.gz"]
+    with tarfile.open(tmp_path / "notebooks.tar.gz") as tar:
+        held = {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers()}
+    assert held == {"notebooks/07_x.ipynb": "07_x", "notebooks/17_x.ipynb": "17_x"}
+    device_run.pack(tmp_path)  # nothing new: the tar stays as it was
+    with tarfile.open(tmp_path / "notebooks.tar.gz") as tar:
+        assert len(tar.getmembers()) == 2
+
+
 def test_a_run_that_found_only_the_cpu_is_refused_not_recorded(tree):
     # One chip run (2026-12-07) found a plain JAX before the machine's and ran on its CPU
     (tree / "fell_back").mkdir()
