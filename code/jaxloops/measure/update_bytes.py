@@ -16,9 +16,11 @@ from jaxloops.measure import timing
 
 
 def bytes_moved(optimizer: str) -> dict[str, int]:
-    """Bytes one float32 parameter moves a step under `optimizer`, at least, by where they go.
-    The forward pass reads each weight; the update reads the parameter and the optimizer's
-    state for it and writes them back. Not counted: the gradient, the activations, the batch."""
+    """Bytes one float32 parameter moves a step under `optimizer`, at least.
+
+    The forward pass reads each weight; the update reads the parameter and the
+    optimizer's state for it, and writes them back. Not counted: the gradient,
+    the activations, the batch."""
     if optimizer == "AdamW":  # its state: the parameter and two moments
         return {"forward read": 4, "update reads": 4 + 8, "update writes": 4 + 8}
     if optimizer == "SGD":  # its state: the parameter
