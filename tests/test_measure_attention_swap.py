@@ -15,6 +15,16 @@ def test_masked_flops_are_half_the_scores_and_the_mix_forward_and_backward():
     )  # forward only
 
 
+def test_the_swaps_bytes_are_q_k_v_and_out_and_their_gradients_read_and_written():
+    L, D, N, K, F, T, B = 2, 64, 4, 2, 256, 128, 3
+    q, k = B * T * N * 16 * 2, B * T * K * 16 * 2  # bfloat16
+    assert attention_swap.swap_bytes((L, D, N, K, F, T, B)) == L * 8 * (q + k)
+    assert attention_swap.swap_bytes((L, D, N, K, F, T, B)) != L * 4 * (q + k)  # forward only
+    assert attention_swap.swap_bytes((L, D, N, K, F, T, B), itemsize=4) == L * 16 * (q + k)
+    with pytest.raises(ValueError, match="0"):
+        attention_swap.swap_bytes((L, D, N, K, F, T, B), itemsize=0)
+
+
 def test_the_prediction_moves_the_step_by_the_layers_difference_only():
     assert attention_swap.predicted_step(10.0, 1.0, 0.25, 4) == 7.0
     assert attention_swap.predicted_step(10.0, 1.0, 0.25, 4) != 10.0 - (1.0 - 0.25)  # one layer

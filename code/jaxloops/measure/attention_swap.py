@@ -35,6 +35,19 @@ def masked_flops(sizes: tuple[int, ...]) -> float:
     return 6.0 * L * B * N * T * T * (D // N)
 
 
+def swap_bytes(sizes: tuple[int, ...], itemsize: int = 2) -> float:
+    """Bytes a step's swaps between the book's (B, T, N, H) and a kernel's heads-major
+    (B, N, T, H) move if each is a copy of its own (read once, written once): forward the
+    query, key, value and output, backward their four gradients, in every one of L layers.
+    `itemsize`: the compute dtype's bytes (bfloat16's 2)."""
+    L, D, N, K, _, T, B = sizes
+    if min(sizes) < 1 or itemsize < 1:
+        raise ValueError(f"need positive sizes and itemsize, got {sizes}, {itemsize}")
+    query, key = B * T * N * (D // N) * itemsize, B * T * K * (D // N) * itemsize
+    one_way = 2 * query + 2 * key  # query and output; key and value
+    return float(L * 2 * (2 * one_way))  # forward and backward, each read and written
+
+
 def predicted_step(step: float, layer: float, other_layer: float, layers: int) -> float:
     """Seconds of the step with the other attention, if only the attention's time changes: the
     step's, less `layers` times the difference between one layer's two passes."""
