@@ -92,6 +92,8 @@ def test_one_adamw_step_gives_the_jax_steps_new_loss(setup):
 def test_the_worker_prints_paired_rates_from_their_own_samples(capsys):
     with pytest.raises(ValueError, match="seven positive ints"):
         torch_twin.paired_rates((1, 8, 2), jax.random.key(0), rounds=1)
+    with pytest.raises(ValueError, match="loop_steps must be >= 1, got 0"):
+        torch_twin.paired_rates((1, 8, 2, 1, 12, 5, 3), jax.random.key(0), 1, loop_steps=0)
     worker.main(["--sizes", "1,8,2,1,12,5,3", "--rounds", "3"])  # B T = 15 tokens a step
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     jax_s, torch_s = r["seconds"]["jax"], r["seconds"]["torch"]
@@ -104,6 +106,12 @@ def test_the_worker_prints_paired_rates_from_their_own_samples(capsys):
     assert r["blockwise_ratio"] == pytest.approx(
         np.median(np.array(torch_s) / np.array(blockwise_s))
     )
+    # The looped step: a call of loop_steps steps, reported a step
+    loop_s = np.array(r["seconds"]["loop"]) / r["loop_steps"]
+    assert len(loop_s) == 3 and r["loop_steps"] == 8
+    assert r["loop_tokens_per_s"] == pytest.approx(15 / np.median(loop_s))
+    assert r["loop_ratio"] == pytest.approx(np.median(np.array(torch_s) / loop_s))
+    assert r["loop_ratio"] != pytest.approx(np.median(np.array(torch_s) / (8 * loop_s)))
     assert r["jax_wins"] == sum(j < t for j, t in zip(jax_s, torch_s))
     assert r["wins_needed"] is None  # 3 rounds cannot show a difference at the claim level
     assert r["torch_threads"] == torch.get_num_threads()

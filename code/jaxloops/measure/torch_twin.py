@@ -168,6 +168,7 @@ def paired_rates(
     rounds: int,
     learning_rate: float = 1e-3,
     weight_decay: float = 0.1,
+    loop_steps: int = 8,
 ) -> dict:
     """Tokens/s of the JAX train step and of its PyTorch twin at `sizes` (L, D, N, K, F, T,
     B), from the same parameters on one batch of random tokens, timed in `rounds` paired
@@ -178,19 +179,27 @@ def paired_rates(
     advances the state, as the twin's step does in place. torch runs with its default
     number of threads (reported). A third step in the same rounds has chapter 8b's
     `blockwise_attention` (default blocks) in every block, the book's answer to the twin's
-    flash-style `scaled_dot_product_attention`: it says how much of the gap is attention.
+    flash-style `scaled_dot_product_attention`: it says how much of the gap is attention. A
+    fourth runs chapter 11's step `loop_steps` to a call in a `lax.scan` (chapter 6's device
+    loop, on the same batch): what each call's fixed costs (XLA:CPU takes its temporaries
+    fresh from `malloc` each call) leave of the gap.
 
     Returns:
       {"jax_tokens_per_s", "blockwise_tokens_per_s", "torch_tokens_per_s": B T / median
        seconds; "ratio": the median over rounds of torch's seconds over JAX's in the same
        round (JAX's speed over torch's); "blockwise_ratio": the same for the blockwise step;
+       "loop_tokens_per_s", "loop_ratio": the same for the looped step, a step's time its
+       call's over `loop_steps`;
        "jax_wins", "wins_needed" (`rounds_needed`), "rounds", "torch_threads",
-       "torch_version", "seconds": {"jax", "blockwise", "torch": every timed call}}.
+       "torch_version", "loop_steps", "seconds": {"jax", "blockwise", "loop", "torch": every
+       timed call}}.
     """
     import torch
 
     if len(sizes) != 7 or min(sizes) < 1:
         raise ValueError(f"sizes must be seven positive ints (L, D, N, K, F, T, B), got {sizes}")
+    if loop_steps < 1:
+        raise ValueError(f"loop_steps must be >= 1, got {loop_steps}")
     L, D, N, K, F, T, B = sizes
     init_key, data_key = jax.random.split(key)
     params = init_transformer(init_key, TransformerConfig(VOCAB_SIZE, L, D, N, K, F, T))
@@ -206,14 +215,21 @@ def paired_rates(
         )
         for name, attend in (("jax", attention), ("blockwise", blockwise_attention))
     }  # each donates its own copy of the parameters: the twin has one too
+    runs["loop"] = _donating_step(
+        functools.partial(transformer_loss, attend=attention), optimizer, params, batch, loop_steps
+    )
     runs["torch"] = lambda: twin_step(twin, twin_opt, x, y)
     seconds = interleaved_samples(runs, rounds)
+    loop_step = [s / loop_steps for s in seconds["loop"]]
     return {
         "jax_tokens_per_s": B * T / statistics.median(seconds["jax"]),
         "blockwise_tokens_per_s": B * T / statistics.median(seconds["blockwise"]),
         "torch_tokens_per_s": B * T / statistics.median(seconds["torch"]),
         "ratio": paired_ratio(seconds["torch"], seconds["jax"]),
         "blockwise_ratio": paired_ratio(seconds["torch"], seconds["blockwise"]),
+        "loop_tokens_per_s": B * T / statistics.median(loop_step),
+        "loop_ratio": paired_ratio(seconds["torch"], loop_step),
+        "loop_steps": loop_steps,
         "jax_wins": paired_wins(seconds["jax"], seconds["torch"]),
         # Fewer than 7 rounds cannot show a difference at the claim level (`rounds_needed`).
         "wins_needed": rounds_needed(rounds) if rounds >= 7 else None,
@@ -224,17 +240,27 @@ def paired_rates(
     }
 
 
-def _donating_step(loss_fn, optimizer, params: dict, batch: Batch):
+def _donating_step(loss_fn, optimizer, params: dict, batch: Batch, steps: int = 1):
     """A call with no arguments that advances its own (params, optimizer state), from a copy
-    of `params`, by one jitted `make_train_step(loss_fn, optimizer)` on `batch`, with both
-    donated, as `fit` donates them."""
-    step = jax.jit(make_train_step(loss_fn, optimizer), donate_argnums=(0, 1))
+    of `params`, by `steps` jitted `make_train_step(loss_fn, optimizer)` steps on `batch` (more
+    than one: in a `lax.scan`, in one call), with both donated, as `fit` donates them."""
+    one = make_train_step(loss_fn, optimizer)
+
+    def steps_on(params, state, batch):
+        def body(carry, _):
+            params, state, _ = one(*carry, batch)
+            return (params, state), None
+
+        (params, state), _ = jax.lax.scan(body, (params, state), None, length=steps)
+        return params, state
+
+    step = jax.jit(one if steps == 1 else steps_on, donate_argnums=(0, 1))
     own = jax.tree.map(jnp.copy, params)
     state = [own, optimizer.init(own)]
 
     def call():
-        state[0], state[1], metrics = step(state[0], state[1], batch)
-        return state[0], state[1], metrics
+        state[0], state[1], *metrics = step(state[0], state[1], batch)
+        return state[0], state[1], *metrics
 
     return call
 
