@@ -179,17 +179,15 @@ def paired_rates(
     advances the state, as the twin's step does in place. torch runs with its default
     number of threads (reported). A third step in the same rounds has chapter 8b's
     `blockwise_attention` (default blocks) in every block, the book's answer to the twin's
-    flash-style `scaled_dot_product_attention`: it says how much of the gap is attention. A
-    fourth runs chapter 11's step `loop_steps` to a call in a `lax.scan` (chapter 6's device
-    loop, on the same batch): what each call's fixed costs (XLA:CPU takes its temporaries
-    fresh from `malloc` each call) leave of the gap.
+    flash-style `scaled_dot_product_attention`: how much of the gap is attention. A fourth
+    runs the step `loop_steps` to a call in a `lax.scan` (chapter 6's device loop): how much
+    is each call's fixed cost (XLA:CPU takes its temporaries from `malloc` every call).
 
     Returns:
       {"jax_tokens_per_s", "blockwise_tokens_per_s", "torch_tokens_per_s": B T / median
        seconds; "ratio": the median over rounds of torch's seconds over JAX's in the same
-       round (JAX's speed over torch's); "blockwise_ratio": the same for the blockwise step;
-       "loop_tokens_per_s", "loop_ratio": the same for the looped step, a step's time its
-       call's over `loop_steps`;
+       round (JAX's speed over torch's); "blockwise_ratio", "loop_ratio" (and their tokens
+       per second): the same for the blockwise and the looped step (its call / `loop_steps`);
        "jax_wins", "wins_needed" (`rounds_needed`), "rounds", "torch_threads",
        "torch_version", "loop_steps", "seconds": {"jax", "blockwise", "loop", "torch": every
        timed call}}.
@@ -200,44 +198,56 @@ def paired_rates(
         raise ValueError(f"sizes must be seven positive ints (L, D, N, K, F, T, B), got {sizes}")
     if loop_steps < 1:
         raise ValueError(f"loop_steps must be >= 1, got {loop_steps}")
-    L, D, N, K, F, T, B = sizes
-    init_key, data_key = jax.random.split(key)
-    params = init_transformer(init_key, TransformerConfig(VOCAB_SIZE, L, D, N, K, F, T))
-    tokens = jax.random.randint(data_key, (B, T + 1), 0, VOCAB_SIZE)  # (B, T + 1)
-    batch = Batch(x=tokens[:, :-1], y=tokens[:, 1:])
+    params, batch = _model_and_batch(sizes, key)
     twin = torch_twin(params)
     twin_opt = twin_optimizer(twin, learning_rate, weight_decay)
     x, y = _twin_batch(batch)
     optimizer = make_optimizer(learning_rate, weight_decay)
+    looped = {"jax": (attention, 1), "blockwise": (blockwise_attention, 1),
+              "loop": (attention, loop_steps)}  # fmt: skip
     runs = {
         name: _donating_step(
-            functools.partial(transformer_loss, attend=attend), optimizer, params, batch
+            functools.partial(transformer_loss, attend=attend), optimizer, params, batch, steps
         )
-        for name, attend in (("jax", attention), ("blockwise", blockwise_attention))
+        for name, (attend, steps) in looped.items()
     }  # each donates its own copy of the parameters: the twin has one too
-    runs["loop"] = _donating_step(
-        functools.partial(transformer_loss, attend=attention), optimizer, params, batch, loop_steps
-    )
     runs["torch"] = lambda: twin_step(twin, twin_opt, x, y)
     seconds = interleaved_samples(runs, rounds)
-    loop_step = [s / loop_steps for s in seconds["loop"]]
+    steps = {name: looped.get(name, (None, 1))[1] for name in seconds}
     return {
-        "jax_tokens_per_s": B * T / statistics.median(seconds["jax"]),
-        "blockwise_tokens_per_s": B * T / statistics.median(seconds["blockwise"]),
-        "torch_tokens_per_s": B * T / statistics.median(seconds["torch"]),
-        "ratio": paired_ratio(seconds["torch"], seconds["jax"]),
-        "blockwise_ratio": paired_ratio(seconds["torch"], seconds["blockwise"]),
-        "loop_tokens_per_s": B * T / statistics.median(loop_step),
-        "loop_ratio": paired_ratio(seconds["torch"], loop_step),
+        **_paired_summary(seconds, steps, tokens=sizes[-1] * sizes[-2], rounds=rounds),
         "loop_steps": loop_steps,
+        "torch_threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+    }
+
+
+def _paired_summary(seconds: dict, steps: dict, tokens: int, rounds: int) -> dict:
+    """`paired_rates`' figures from its samples: {name: every timed call} of calls that take
+    `steps[name]` steps each, `tokens` tokens a step."""
+    per_step = {n: [t / steps[n] for t in s] for n, s in seconds.items()}
+    return {
+        **{f"{n}_tokens_per_s": tokens / statistics.median(s) for n, s in per_step.items()},
+        "ratio": paired_ratio(seconds["torch"], seconds["jax"]),
+        **{
+            f"{n}_ratio": paired_ratio(per_step["torch"], per_step[n])
+            for n in ("blockwise", "loop")
+        },
         "jax_wins": paired_wins(seconds["jax"], seconds["torch"]),
         # Fewer than 7 rounds cannot show a difference at the claim level (`rounds_needed`).
         "wins_needed": rounds_needed(rounds) if rounds >= 7 else None,
         "rounds": rounds,
-        "torch_threads": torch.get_num_threads(),
-        "torch_version": torch.__version__,
         "seconds": seconds,
     }
+
+
+def _model_and_batch(sizes: tuple[int, ...], key: jax.Array) -> tuple[dict, Batch]:
+    """Chapter 11's model at `sizes` (L, D, N, K, F, T, B) and one batch of random tokens."""
+    L, D, N, K, F, T, B = sizes
+    init_key, data_key = jax.random.split(key)
+    params = init_transformer(init_key, TransformerConfig(VOCAB_SIZE, L, D, N, K, F, T))
+    tokens = jax.random.randint(data_key, (B, T + 1), 0, VOCAB_SIZE)  # (B, T + 1)
+    return params, Batch(x=tokens[:, :-1], y=tokens[:, 1:])
 
 
 def _donating_step(loss_fn, optimizer, params: dict, batch: Batch, steps: int = 1):
