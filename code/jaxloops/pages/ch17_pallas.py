@@ -468,6 +468,11 @@ def findings_markdown(record: dict | None) -> str:
     return "\n".join(lines)
 
 
+def _plain(labels: dict[str, str]) -> dict[str, str]:
+    """Labels without their backticks: glued text is not Markdown."""
+    return {name: label.replace("`", "") for name, label in labels.items()}
+
+
 def breakdown_rows(traced: dict[str, dict], labels: dict[str, str]) -> tuple[list[dict], str]:
     """Two steps' breakdowns (`step_speed.step_breakdown`, {name: {group: row}}) side by side:
     one row per group, the first step's order, each step's traced ms and its kernels' MB (None
@@ -488,7 +493,7 @@ def breakdown_rows(traced: dict[str, dict], labels: dict[str, str]) -> tuple[lis
     rows.append(
         {"group": "all traced", **{f"{labels[name]}, ms": 1e3 * total[name] for name in shown}}
     )
-    plain = {name: labels[name].replace("`", "") for name in traced}  # glued text is not Markdown
+    plain = _plain(labels)
     said = [
         f"The attention row is what the prediction above assumed moves: "
         f"{1e3 * traced[name].get('attention', {'seconds': 0.0})['seconds']:.2f} ms traced "
@@ -516,7 +521,7 @@ def what_changed(traced: dict[str, dict], labels: dict[str, str]) -> str:
     if not all(sum(ms(name, g) for g in groups) > 0 for name in traced):
         return ""
     first, second = traced
-    plain = {name: labels[name].replace("`", "") for name in traced}  # glued text is not Markdown
+    plain = _plain(labels)
     moved = max((g for g in groups if g != "attention"),
                 key=lambda g: abs(ms(second, g) - ms(first, g)))  # fmt: skip
     said = [
