@@ -95,6 +95,21 @@ def test_a_matmul_named_after_the_copy_it_ends_with_is_still_its_layer_parts_mat
     assert breakdown.transformer_group(attention) == "attention"
 
 
+def test_a_pallas_call_of_the_backward_pass_is_attention_not_a_transpose():
+    # XLA:TPU (v5e, JAX 0.10.2) names each Pallas call after its operation: chapter 17's
+    # backward kernels were "transpose_jvp_jit_pallas_attention___.3", and grouped by that
+    # name they put 9.9 ms of attention a step into the copies and transposes (2026-12-07).
+    op = "jit(train_step)/transpose(jvp(jit(pallas_attention)))/pallas_call"
+    stack = ("backward", "pallas_attention", "attention_block", "apply_blocks")
+    kernel = breakdown.Kernel("transpose_jvp_jit_pallas_attention___.3", "custom-call", op,
+                              stack, "pallas_attention.py", 0.0, 5.9e7)  # fmt: skip
+    assert breakdown.transformer_group(kernel) == "attention"
+    # The swaps around it, and a fusion XLA named after the copy it ends with, stay copies.
+    for opcode, name in [("copy", "copy.276"), ("fusion", "copy_bitcast_fusion")]:
+        copy = dataclasses.replace(kernel, name=name, opcode=opcode)
+        assert breakdown.transformer_group(copy) == "copies and transposes"
+
+
 def test_the_kernels_hold_the_compilers_flops(step_kernels):
     kernels, flops, _ = step_kernels
     dots = sum(k.flops for k in kernels)

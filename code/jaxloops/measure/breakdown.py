@@ -240,12 +240,15 @@ def transformer_group(kernel: Kernel) -> str:
     norms, the MLP's GELU, embedding (forward and gradient), loss, optimizer, and copies and
     transposes (a kernel XLA named after a copy or a transpose it ends with, unless it does
     a layer part's matmul: XLA:TPU names a matmul whose result it adds into another
-    `copy_add_fusion`)."""
+    `copy_add_fusion`). A custom call is never a copy by its name: XLA:TPU names a Pallas
+    call after the JAX operation it came from, and the backward pass's are
+    "transpose_jvp_..."."""
     attention = kernel.file.endswith(("attention.py", "blockwise.py"))
     part = next((f for f in kernel.stack if f in _MATMULS), None)
     if kernel.flops and part and not attention:
         return _MATMULS[part]
-    if kernel.opcode in ("copy", "transpose") or kernel.name.startswith(("copy", "transpose")):
+    named = kernel.opcode != "custom-call" and kernel.name.startswith(("copy", "transpose"))
+    if kernel.opcode in ("copy", "transpose") or named:
         return "copies and transposes"
     if attention:
         return "attention"
