@@ -299,3 +299,23 @@ def test_a_suite_record_is_stale_when_a_test_or_package_file_changes(tree):
     assert device_records.suite_changed(recorded) == ["tests/test_a.py"]
     (tree / "code" / "jaxloops" / "new.py").write_text("N = 1\n")  # a new file the run lacked
     assert "code/jaxloops/new.py" in device_records.suite_changed(recorded)
+
+
+def test_a_records_glued_sentences_are_read_back_as_text_and_a_missing_one_is_named():
+    def glued(name, plain):
+        meta = {"scrapbook": {"name": name, "mime_prefix": "application/papermill.record/"}}
+        data = {"application/papermill.record/text/plain": plain}
+        return {"output_type": "display_data", "metadata": meta, "data": data}
+
+    sentence = glued("ch_sentence", "'Attention fell: 46.7 to 13.8 ms.'")  # a string's repr
+    notebook = {"cells": [
+        {"cell_type": "code", "outputs": [sentence]},
+        {"cell_type": "code", "outputs": [
+            {"output_type": "stream", "name": "stdout", "text": "printed, not glued\n"},
+            glued("ch_share", "0.649"),
+        ]},
+    ]}  # fmt: skip
+    values = device_records.glued_values(notebook, ["ch_share", "ch_sentence"])
+    assert values == [("ch_share", "0.649"), ("ch_sentence", "Attention fell: 46.7 to 13.8 ms.")]
+    with pytest.raises(ValueError, match="ch_what_changed"):
+        device_records.glued_values(notebook, ["ch_sentence", "ch_what_changed"])

@@ -8,8 +8,10 @@ imports (`manifest`). A build compares that manifest with today's files: a recor
 hashes no longer match is marked stale on its page, with the files that changed. Nothing here
 edits a record's outputs; it only shows them.
 
-In a chapter: ```{device-record}``` (no argument: the page's own chapter). On the page of the
-device runs: ```{device-run}```, a table of every chapter's record and the test suite's run.
+In a chapter: ```{device-record}``` (no argument: the page's own chapter), with `:glued:` the
+names of values the page's prose glues whose recorded text the dropdown should show (the
+prose itself shows this build's). On the page of the device runs: ```{device-run}```, a table
+of every chapter's record and the test suite's run.
 """
 
 import ast
@@ -234,6 +236,24 @@ def load_run(device: str) -> dict:
 # ---- the Sphinx side: a dropdown with the record's outputs on its chapter's page ----------
 
 
+def glued_values(notebook: dict, names: list[str]) -> list[tuple[str, str]]:
+    """(name, text) of each value glued under `names` in an executed notebook, in that order:
+    a glued string as its text, anything else as its plain-text form. Raises ValueError naming
+    a name the notebook did not glue."""
+    found = {}
+    for cell in notebook.get("cells", []):
+        for output in cell.get("outputs", []):
+            name = output.get("metadata", {}).get("scrapbook", {}).get("name")
+            plain = output.get("data", {}).get("application/papermill.record/text/plain")
+            if name is not None and plain is not None:
+                found[name] = "".join(plain)
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise ValueError(f"glued values {missing} are not in this record (it has {sorted(found)})")
+    text = lambda plain: ast.literal_eval(plain) if plain[:1] in "'\"" else plain
+    return [(n, text(found[n])) for n in names]
+
+
 def _record_nodes(directive, device, chapter_stem):
     from docutils import nodes
 
@@ -265,6 +285,15 @@ def _record_nodes(directive, device, chapter_stem):
     if not path.is_file():  # stopped before its notebook was written
         return out
     notebook = json.loads(path.read_text())
+    names = [n.strip() for n in directive.options.get("glued", "").split(",") if n.strip()]
+    if names:
+        out.append(para("The sentences this page's prose glues, as this run computed them:"))
+        items = nodes.bullet_list()
+        for name, text in glued_values(notebook, names):
+            item = nodes.paragraph()
+            item += [nodes.literal(text=name), nodes.Text(f": {text}")]
+            items += nodes.list_item("", item)
+        out.append(items)
     for index, cell in enumerate(notebook["cells"]):
         shown = [n for o in cell.get("outputs", []) for n in _output_nodes(directive, o)]
         if shown:  # numbered as the failures are: the cell's index in the notebook
@@ -418,7 +447,7 @@ def setup(app):
 
     class DeviceRecord(Directive):
         optional_arguments = 1
-        option_spec = {"device": directives.unchanged}
+        option_spec = {"device": directives.unchanged, "glued": directives.unchanged}
 
         def run(self):
             self.env = self.state.document.settings.env
