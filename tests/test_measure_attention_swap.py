@@ -82,3 +82,42 @@ def test_the_traced_step_splits_its_copies_by_the_file_that_made_them():
     assert sum(r["seconds"] for r in by_file.values()) == pytest.approx(copies["seconds"])
     assert sum(r["bytes"] for r in by_file.values()) == pytest.approx(copies["bytes"])
     assert all("/" not in name for name in by_file)  # a file's name, not its path
+
+
+def _swaps(jaxpr) -> int:
+    """Transposes between (B, T, N, H) and (B, N, T, H) in a jaxpr and every jaxpr inside it."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        swapped = eqn.primitive.name == "transpose" and eqn.params["permutation"] == (0, 2, 1, 3)
+        count += swapped
+        inner = [getattr(p, "jaxpr", p) for v in eqn.params.values()
+                 for p in (v if isinstance(v, tuple | list) else [v])]  # fmt: skip
+        count += sum(_swaps(j) for j in inner if hasattr(j, "eqns"))  # a (closed) jaxpr's
+    return count
+
+
+def test_the_layer_pass_makes_the_swaps_the_steps_attention_makes():
+    # Chapter 17 predicts the step from one layer's pass timed alone, and says the pass pays
+    # for the same swaps as the step's layers: the kernel's, in and out, forward and backward.
+    import jax.numpy as jnp
+
+    from jaxloops import pallas_attention, transformer
+
+    B, T, N, K, H = 1, 128, 4, 2, 64
+    keys = jax.random.split(jax.random.key(0), 4)
+    shapes = [(B, T, N, H), (B, T, K, H), (B, T, K, H), (B, T, N, H)]
+    q, k, v, d_out = (jax.random.normal(key, s, jnp.bfloat16) for key, s in zip(keys, shapes))
+    kernel = pallas_attention.pallas_attention
+    layer = _swaps(jax.make_jaxpr(attention_swap.layer_pass(kernel))(q, k, v, d_out).jaxpr)
+
+    config = transformer.TransformerConfig(64, 1, N * H, N, K, 4 * N * H, T)
+    params = transformer.init_transformer(jax.random.key(1), config)["block_0"]["attention"]
+    x = jax.random.normal(keys[0], (B, T, N * H), jnp.float32)
+
+    def block(x):
+        return transformer.attention_block(params, x, attend=kernel)[0].sum()
+
+    step = _swaps(jax.make_jaxpr(jax.grad(block))(x).jaxpr)
+    assert layer == step == 8  # q, k, v and out forward; their cotangents backward
+    heads_major = lambda q, k, v, is_causal: kernel(q, k, v, is_causal=is_causal, layout="BNTH")
+    assert _swaps(jax.make_jaxpr(attention_swap.layer_pass(heads_major))(q, k, v, d_out).jaxpr) == 0
