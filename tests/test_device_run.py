@@ -319,3 +319,36 @@ def test_a_records_glued_sentences_are_read_back_as_text_and_a_missing_one_is_na
     assert values == [("ch_share", "0.649"), ("ch_sentence", "Attention fell: 46.7 to 13.8 ms.")]
     with pytest.raises(ValueError, match="ch_what_changed"):
         device_records.glued_values(notebook, ["ch_sentence", "ch_what_changed"])
+
+
+def _glued_output(name, plain):
+    meta = {"scrapbook": {"name": name, "mime_prefix": "application/papermill.record/"}}
+    data = {"application/papermill.record/text/plain": plain}
+    return {"output_type": "display_data", "metadata": meta, "data": data}
+
+
+def test_the_chip_role_formats_a_recorded_value_and_says_when_it_is_stale_or_missing():
+    notebook = {"cells": [{"cell_type": "code", "outputs": [
+        _glued_output("ratio", "2.9137"), _glued_output("words", "'fits in memory'"),
+    ]}]}  # fmt: skip
+    assert device_records.chip_text(notebook, "ratio", ".2f", stale=False) == "2.91"
+    assert device_records.chip_text(notebook, "ratio", "", stale=False) == "2.9137"
+    assert device_records.chip_text(notebook, "words", "", stale=False) == "fits in memory"
+    assert device_records.chip_text(notebook, "ratio", ".1f", stale=True) == "2.9 (stale record)"
+    assert device_records.chip_text(notebook, "absent", ".1f", stale=False) == "not yet recorded"
+    assert device_records.chip_text(None, "ratio", ".1f", stale=False) == "not yet recorded"
+    with pytest.raises(ValueError, match="words"):  # a number's format on a sentence
+        device_records.chip_text(notebook, "words", ".2f", stale=False)
+
+
+def test_a_records_cells_are_labelled_by_the_section_they_follow():
+    notebook = {"cells": [
+        {"cell_type": "code", "source": "import jax", "outputs": []},
+        {"cell_type": "markdown", "source": "# 6. Title\n\n## Fetching the loss\ntext"},
+        {"cell_type": "code", "source": "x = 1", "outputs": []},
+        {"cell_type": "markdown", "source": "### A subsection\n## Scanning an epoch"},
+        {"cell_type": "code", "source": "y = 2", "outputs": []},
+    ]}  # fmt: skip
+    sections = device_records.cell_sections(notebook)
+    assert sections == ["Opening", "Fetching the loss", "Fetching the loss", "Scanning an epoch",
+                        "Scanning an epoch"]  # fmt: skip

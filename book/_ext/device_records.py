@@ -10,7 +10,9 @@ edits a record's outputs; it only shows them.
 
 In a chapter: ```{device-record}``` (no argument: the page's own chapter), with `:glued:` the
 names of values the page's prose glues whose recorded text the dropdown should show (the
-prose itself shows this build's). On the page of the device runs: ```{device-run}```, a table
+prose itself shows this build's); its outputs are labelled by the section of the page they
+belong to. In a sentence or a table, {chip}`NAME:.2f` shows the value the page's record glued
+as NAME (formatted as {glue:text} formats), beside this build's {glue:text}`NAME:.2f`. On the page of the device runs: ```{device-run}```, a table
 of every chapter's record and the test suite's run.
 """
 
@@ -294,12 +296,66 @@ def _record_nodes(directive, device, chapter_stem):
             item += [nodes.literal(text=name), nodes.Text(f": {text}")]
             items += nodes.list_item("", item)
         out.append(items)
-    for index, cell in enumerate(notebook["cells"]):
+    labelled = None
+    for section, cell in zip(cell_sections(notebook), notebook["cells"]):
         shown = [n for o in cell.get("outputs", []) for n in _output_nodes(directive, o)]
-        if shown:  # numbered as the failures are: the cell's index in the notebook
-            out.append(nodes.rubric(text=f"Cell {index}"))
+        if shown:  # labelled by the section of the page the cell belongs to, once per section
+            if section != labelled:
+                out.append(nodes.rubric(text=section))
+                labelled = section
             out.extend(shown)
     return out
+
+
+def cell_sections(notebook: dict) -> list[str]:
+    """The title of the section each cell of an executed chapter belongs to: the last `##`
+    (or `#`) heading of the markdown cells before it, "Opening" before the first `##`."""
+    sections, current = [], "Opening"
+    for cell in notebook.get("cells", []):
+        if cell.get("cell_type") == "markdown":
+            source = "".join(cell.get("source", ""))
+            for line in source.splitlines():
+                match = re.match(r"##\s+(.+?)\s*$", line)
+                if match:
+                    current = match[1]
+        sections.append(current)
+    return sections
+
+
+def chip_text(notebook: dict | None, name: str, spec: str, stale: bool) -> str:
+    """What the {chip} role shows for a value a record glued under `name`: formatted with the
+    format spec `spec` (as {glue:text} formats), "(stale record)" after it where the record's
+    files have changed, "not yet recorded" where the record has no such value."""
+    try:
+        if notebook is None:
+            raise ValueError(name)
+        ((_, text),) = glued_values(notebook, [name])
+    except ValueError:
+        return "not yet recorded"
+    if spec:
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        try:
+            text = format(value, spec)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{name}: format {spec!r} does not apply to {text!r}") from err
+    return f"{text} (stale record)" if stale else text
+
+
+_RECORDS: dict[tuple[str, str], tuple[dict | None, bool]] = {}
+
+
+def _record_of(device: str, stem: str) -> tuple[dict | None, bool]:
+    """(the executed notebook or None, whether the record is stale) of a chapter, read once."""
+    if (device, stem) not in _RECORDS:
+        entry = load_run(device).get("chapters", {}).get(stem.split("_")[0])
+        path = RESULTS / device / f"{stem}.ipynb"
+        notebook = json.loads(path.read_text()) if entry and path.is_file() else None
+        stale = bool(entry) and bool(changed(entry["manifest"]))
+        _RECORDS[(device, stem)] = (notebook, stale)
+    return _RECORDS[(device, stem)]
 
 
 def _output_nodes(directive, output):
@@ -458,4 +514,23 @@ def setup(app):
             return _record_nodes(self, device, stem)
 
     app.add_directive("device-record", DeviceRecord)
+
+    def chip_role(name, rawtext, text, lineno, inliner, options=None, content=None):
+        """{chip}`NAME` or {chip}`NAME:.2f`: the value this page's TPU record glued as NAME."""
+        from docutils import nodes
+
+        env = inliner.document.settings.env
+        key, _, spec = text.partition(":")
+        stem = pathlib.Path(env.docname).name
+        env.note_dependency(str(RESULTS / "tpu" / "run.json"))
+        env.note_dependency(str(RESULTS / "tpu" / f"{stem}.ipynb"))
+        notebook, stale = _record_of("tpu", stem)
+        try:
+            shown = chip_text(notebook, key.strip(), spec.strip(), stale)
+        except ValueError as err:
+            message = inliner.reporter.error(str(err), line=lineno)
+            return [inliner.problematic(rawtext, rawtext, message)], [message]
+        return [nodes.inline(rawtext, shown, classes=["chip-value"])], []
+
+    app.add_role("chip", chip_role)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
