@@ -6,6 +6,8 @@ import pytest
 
 import jaxloops
 from conftest import normal
+from jaxloops import equivalence
+from jaxloops.pages import ch04_gradients as page
 
 # Jitted once for the module: one compiled program instead of one per eager operation.
 sgd_update = jax.jit(jaxloops.sgd_update)
@@ -128,3 +130,70 @@ def test_sgd_refuses_a_learning_rate_that_climbs_or_stands_still(key, learning_r
         ValueError, match=f"learning_rate must be a finite number > 0, got {learning_rate}"
     ):
         jaxloops.sgd_update(params, grads, learning_rate)
+
+
+def _example_loss(params, x, y):
+    """One example's cross-entropy: x (D,), y ()."""
+    return jaxloops.cross_entropy(jaxloops.mlp_logits(params, x[None]), y[None])
+
+
+def _per_example_problem(key):
+    params, batch = _problem(key)  # widths 5 -> 7 -> 3, B = 11
+    looped = jaxloops.grads.looped_grads(_example_loss, params, batch.x, batch.y)
+    with jax.enable_x64(True):
+        params64, batch64 = _float64(params, batch)
+        looped64 = jaxloops.grads.looped_grads(_example_loss, params64, batch64.x, batch64.y)
+    tolerance = page.float32_tolerance(looped, looped64)
+    return params, batch, looped, tolerance
+
+
+def test_per_example_grads_put_b_on_every_leaf_and_agree_with_the_loop(key):
+    params, batch, looped, tolerance = _per_example_problem(key)
+    vmapped = jax.jit(jaxloops.grads.per_example_grads, static_argnums=0)(
+        _example_loss, params, batch.x, batch.y
+    )
+    want = jax.tree.map(lambda p: (11, *p.shape), params)
+    assert jax.tree.map(jnp.shape, vmapped) == want == jax.tree.map(jnp.shape, looped)
+    assert equivalence.worst_ratio(vmapped, looped, tolerance) <= 1
+    # Known-wrong: the examples one place out of order, or every example given the batch's
+    # mean gradient, or one gradient's sign flipped, each fail the same tolerance.
+    rolled = jax.tree.map(lambda g: jnp.roll(g, 1, axis=0), vmapped)
+    mean = jax.tree.map(lambda g: jnp.broadcast_to(g.mean(0), g.shape), vmapped)
+    flipped = jax.tree.map(lambda g: g.at[3].multiply(-1), vmapped)
+    for wrong in (rolled, mean, flipped):
+        assert equivalence.worst_ratio(wrong, looped, tolerance) > 1
+
+
+def test_the_mean_of_per_example_grads_is_the_gradient_of_the_mean_loss(key):
+    params, batch, looped, tolerance = _per_example_problem(key)
+    vmapped = jaxloops.grads.per_example_grads(_example_loss, params, batch.x, batch.y)
+    batch_grad = jax.grad(lambda p: jaxloops.mlp_loss(p, batch)[0])(params)
+    bound = page.mean_tolerance(jaxloops.mlp_loss, params, batch, tolerance)
+    mean = jax.tree.map(lambda g: g.mean(0), vmapped)
+    assert equivalence.worst_ratio(mean, batch_grad, bound) <= 1
+    # Known-wrong: the sum instead of the mean, and the mean without the last example.
+    total = jax.tree.map(lambda g: g.sum(0), vmapped)
+    short = jax.tree.map(lambda g: g[:-1].mean(0), vmapped)
+    for wrong in (total, short):
+        assert equivalence.worst_ratio(wrong, batch_grad, bound) > 1
+
+
+def test_per_example_grad_norms_are_each_rows_norm_over_every_leaf(key):
+    params, batch, looped, _ = _per_example_problem(key)
+    norms = np.asarray(jaxloops.grads.per_example_grad_norms(looped))
+    flat = np.concatenate([np.asarray(g).reshape(11, -1) for g in jax.tree.leaves(looped)], 1)
+    np.testing.assert_allclose(norms, np.linalg.norm(flat, axis=1), rtol=1e-6)
+    assert norms.shape == (11,) and len(set(norms.round(6))) == 11  # one per example
+    with pytest.raises(ValueError, match="same leading B axis"):
+        jaxloops.grads.per_example_grad_norms({"w": jnp.ones((3, 2)), "b": jnp.ones((5,))})
+    with pytest.raises(ValueError, match="same leading B axis"):
+        jaxloops.grads.per_example_grad_norms({"w": jnp.ones(())})
+
+
+def test_per_example_grads_refuse_mismatched_or_empty_examples(key):
+    params, batch = _problem(key)
+    for fn in (jaxloops.grads.per_example_grads, jaxloops.grads.looped_grads):
+        with pytest.raises(ValueError, match=r"x \(11, 5\) and y \(10,\)"):
+            fn(_example_loss, params, batch.x, batch.y[:10])
+        with pytest.raises(ValueError, match=r"x \(0, 5\) holds no examples"):
+            fn(_example_loss, params, batch.x[:0], batch.y[:0])

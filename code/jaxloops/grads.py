@@ -1,4 +1,7 @@
-"""Gradients by hand and by autodiff: one SGD update, and a finite-difference check."""
+"""Gradients by hand and by autodiff: one SGD update, a finite-difference check, and each
+example's own gradient (`jax.vmap`)."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -75,3 +78,54 @@ def finite_difference_bound(
     rounding = terms * u / (1 - terms * u) * scale / eps
     at = lambda step: finite_difference(loss_fn, params, path, index, eps=step)
     return rounding + abs(at(2 * eps) - at(eps))
+
+
+def _check_examples(x, y) -> None:
+    """x (B, ...) and y (B, ...) must hold the same B >= 1 examples."""
+    if jnp.ndim(x) < 1 or jnp.ndim(y) < 1 or jnp.shape(x)[0] != jnp.shape(y)[0]:
+        raise ValueError(
+            f"x {jnp.shape(x)} and y {jnp.shape(y)} must share a leading axis of B examples"
+        )
+    if jnp.shape(x)[0] == 0:
+        raise ValueError(f"x {jnp.shape(x)} holds no examples")
+
+
+def per_example_grads(loss_fn, params, x, y):
+    """Each example's gradient of `loss_fn`, by `jax.vmap` over one example's gradient.
+
+    Args:
+      loss_fn: the loss of ONE example, loss_fn(params, x_i, y_i) -> scalar.
+      x: (B, D) inputs; y: (B,) labels.
+
+    Returns:
+      A tree like `params` whose every leaf has a leading B axis: leaf[i] is example i's.
+    """
+    _check_examples(x, y)
+    # None: the one set of params is shared by every example; 0: x and y are split on axis 0.
+    return jax.vmap(jax.grad(loss_fn), in_axes=(None, 0, 0))(params, x, y)
+
+
+def per_example_grad_norms(example_grads) -> jax.Array:
+    """(B,) each example's gradient norm: sqrt of its squares summed over every leaf."""
+    leaves = jax.tree.leaves(example_grads)
+    rows = {leaf.shape[:1] for leaf in leaves}
+    if not leaves or len(rows) != 1 or rows == {()}:
+        raise ValueError(
+            f"every leaf needs the same leading B axis; shapes {[jnp.shape(g) for g in leaves]}"
+        )
+    squares = [jnp.sum(g.reshape(g.shape[0], -1) ** 2, axis=1) for g in leaves]  # each (B,)
+    return jnp.sqrt(sum(squares))
+
+
+@functools.cache
+def _one_example_grad(loss_fn):
+    return jax.jit(jax.grad(loss_fn))  # one compiled program per loss, kept across calls
+
+
+def looped_grads(loss_fn, params, x, y):
+    """The same as `per_example_grads`, one example at a time: a Python loop of B calls of
+    a jitted one-example gradient, stacked."""
+    _check_examples(x, y)
+    grad_one = _one_example_grad(loss_fn)
+    rows = [grad_one(params, x[i], y[i]) for i in range(x.shape[0])]
+    return jax.tree.map(lambda *leaf: jnp.stack(leaf), *rows)  # each leaf (B, ...)
