@@ -1,0 +1,71 @@
+"""Chapter 5's page: the sentences its compiler section glues (book/05_train_step.md)."""
+
+import re
+
+_COUNTS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven"}
+_ARRAY = re.compile(r"\w+\[[\d,]*\]")  # "f32[256,256]", "s32[]": a shape without its layout
+
+
+def precision_fields(jaxpr_text: str) -> list[str]:
+    """The distinct `precision=` values of a printed jaxpr, e.g.
+    ["(Precision.HIGHEST, Precision.HIGHEST)"]; [] where it prints none (JAX's default)."""
+    return sorted(set(re.findall(r"precision=(\([^)]*\)|[^\s\]]+)", jaxpr_text)))
+
+
+def precision_note(jaxpr_text: str, setting: str | None) -> str:
+    """Where the `precision` field of a printed jaxpr's `dot_general` comes from, as a
+    sentence: this run's `jax_default_matmul_precision` (`setting`; None for JAX's default).
+
+    Raises ValueError where the printout and the setting disagree (a field with no setting,
+    or a setting that printed no field): the sentence would be false."""
+    fields = precision_fields(jaxpr_text)
+    if fields and setting is None:
+        raise ValueError(f"the jaxpr carries precision={fields} with no default precision set")
+    if setting is not None and not fields:
+        raise ValueError(f"default matmul precision {setting!r}, but the jaxpr carries none")
+    if not fields:
+        return (
+            "Its `dot_general` carries no `precision` field: this run multiplies at JAX's "
+            "default matmul precision, as a notebook of your own does. The book's build sets "
+            "`JAX_DEFAULT_MATMUL_PRECISION=highest`, so that float32 products are float32 on "
+            "every backend, and its printout carries `precision=(Precision.HIGHEST, "
+            "Precision.HIGHEST)`"
+        )
+    shown = " and ".join(f"`precision={field}`" for field in fields)
+    return (
+        f"Its `dot_general` carries {shown} because this run sets "
+        f"`JAX_DEFAULT_MATMUL_PRECISION={setting}`, as the book's build does so that float32 "
+        "products are float32 on every backend (not TF32 on a GPU, nor one bfloat16 pass on a "
+        "TPU). At JAX's default, as in a notebook of your own, `make chapter` or the chip's "
+        "record, the jaxpr carries no `precision` field"
+    )
+
+
+def fusion_output(shape: str) -> str:
+    """In words, the arrays a fusion writes, from its result's shape as `fusions_of` gives it:
+    "one f32[256,256] array", "a tuple of three f32[1024,1024] arrays"."""
+    arrays = _ARRAY.findall(shape)
+    if not arrays:
+        raise ValueError(f"no array shape in {shape!r}")
+    if len(arrays) == 1:
+        return f"one {arrays[0]} array"
+    count = _COUNTS.get(len(arrays), str(len(arrays)))
+    if len(set(arrays)) == 1:
+        return f"a tuple of {count} {arrays[0]} arrays"
+    return f"a tuple of {count} arrays ({', '.join(arrays)})"
+
+
+def update_sentence(ops: str, shape: str) -> str:
+    """What the fusion that applies Adam's update to a weight matrix does besides, as a
+    clause: whether it computes the weights' gradient itself (a `convolution`, XLA:TPU's
+    matrix product, among its operations `ops`) and what it writes (`shape`)."""
+    written = fusion_output(shape)
+    if "convolution" in [op.strip() for op in ops.split(",")]:
+        return (
+            "the weights' gradient, a matrix product (`convolution`, XLA:TPU's name for one), "
+            f"is computed inside this kernel, which writes {written}: the new weights and both "
+            "moments. The gradient never goes to memory"
+        )
+    return (
+        f"the weights' gradient comes from a matrix product run before it, and it writes {written}"
+    )
