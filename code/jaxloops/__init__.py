@@ -26,6 +26,8 @@ Where things live:
                       started through `jaxloops.processes`.
   jaxloops.sharding   the rest of chapter 12: placement, HLO collectives, multi-process runs.
   jaxloops.solutions  the answers to the chapters' exercises.
+  jaxloops.tracing    chapter 1: a Python branch on a traced value and its traced forms, a
+                      static size, a value-dependent shape.
   jaxloops.memory, jaxloops.accumulate, jaxloops.precision
                       chapter 14: remat and the scan over layers, gradient accumulation,
                       mixed precision and loss scaling.

@@ -32,6 +32,7 @@ from jaxloops.solutions.loop import (
     traced_shapes,
 )
 from jaxloops.solutions.memory_budget import fewest_micro_batches, largest_batch
+from jaxloops.solutions.tracing import repeat_tanh
 
 __all__ = (
     "adamw_update",
@@ -56,6 +57,7 @@ __all__ = (
     "precision_recall_f1",
     "ragged_compile_count",
     "ragged_decode_attention",
+    "repeat_tanh",
     "sliding_window_mask",
     "softmax_cross_entropy_grad",
     "split_kv_attention",
