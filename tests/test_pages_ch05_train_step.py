@@ -3,8 +3,11 @@ fusion that updates the weights writes."""
 
 import jax
 import jax.numpy as jnp
+import optax
 import pytest
 
+import jaxloops
+from jaxloops.data import Batch
 from jaxloops.pages import ch05_train_step as page
 
 
@@ -46,3 +49,26 @@ def test_the_update_sentence_says_the_gradient_is_fused_only_where_a_product_is(
     assert apart.endswith("run before it, and it writes one f32[256,256] array")
     # A name that merely contains the word is not the operation.
     assert "run before it" in page.update_sentence("convolution-like, add", "f32[7,11]")
+
+
+def compiled_step(optimizer):
+    params = jaxloops.init_mlp(jax.random.key(0), (5, 11, 7, 3))
+    step = jaxloops.make_train_step(jaxloops.mlp_loss, optimizer)
+    batch = Batch(jnp.ones((13, 5)), jnp.zeros((13,), jnp.int32))
+    return jax.jit(step).lower(params, optimizer.init(params), batch).compile()
+
+
+def test_the_fusion_that_updates_the_widest_weights_takes_adams_square_root():
+    compiled = compiled_step(jaxloops.make_optimizer(1e-3, 0.1))
+    kernels = page.compiled_kernels(compiled)
+    assert kernels and all(op not in ("parameter", "tuple") for _, op, _ in kernels)
+    writes, update = page.weight_update_fusion(compiled, (11, 7))
+    assert update in writes and "sqrt" in update["ops"].split(", ")
+    assert "f32[11,7]" in update["shape"]
+    # Known-wrong: a shape no fusion writes finds nothing; plain SGD writes the weights in a
+    # fusion that takes no square root, so no Adam update is found.
+    assert page.weight_update_fusion(compiled, (13, 17)) == ([], None)
+    writes, update = page.weight_update_fusion(compiled_step(optax.sgd(0.1)), (11, 7))
+    assert writes and update is None
+    with pytest.raises(ValueError, match=r"weight_shape \(0, 3\) is not"):
+        page.weight_update_fusion(compiled, (0, 3))

@@ -2,6 +2,8 @@
 
 import re
 
+from jaxloops.measure import compiled as compiled_ops
+
 _COUNTS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven"}
 _ARRAY = re.compile(r"\w+\[[\d,]*\]")  # "f32[256,256]", "s32[]": a shape without its layout
 
@@ -69,3 +71,38 @@ def update_sentence(ops: str, shape: str) -> str:
     return (
         f"the weights' gradient comes from a matrix product run before it, and it writes {written}"
     )
+
+
+_BOOKKEEPING = ("parameter", "constant", "get-tuple-element", "tuple", "bitcast")
+
+
+def compiled_kernels(compiled) -> list[tuple[str, str, str]]:
+    """(name, opcode, shape) of each kernel a compiled program (or its HLO text) runs: each
+    fusion is one, and so is each instruction left outside one. An asynchronous copy (a
+    TPU's) is a -start and a -done: counted once, as its -done."""
+    return [
+        (name, op, shape)
+        for name, op, shape in compiled_ops.entry_instructions(compiled)
+        if op not in _BOOKKEEPING and not op.endswith("-start")
+    ]
+
+
+def weight_update_fusion(compiled, weight_shape: tuple[int, ...]) -> tuple[list[dict], dict | None]:
+    """The top-level fusions of a compiled train step (or its HLO text) that write a float32
+    array of `weight_shape`, alone or in a tuple, and of them the one that applies Adam's
+    update to the weights (it takes a square root), or None.
+
+    Returns:
+      (the fusions writing that shape, as `fusions_of` rows; the update's row or None).
+    """
+    if not weight_shape or any(d < 1 for d in weight_shape):
+        raise ValueError(f"weight_shape {weight_shape} is not the shape of a weight matrix")
+    wide = f"f32[{','.join(map(str, weight_shape))}]"
+    fused = {name for name, op, _ in compiled_kernels(compiled) if op == "fusion"}
+    writes = [
+        row
+        for row in compiled_ops.fusions_of(compiled)
+        if row["fusion"] in fused and wide in _ARRAY.findall(row["shape"])
+    ]
+    update = next((row for row in writes if "sqrt" in row["ops"].split(", ")), None)
+    return writes, update
