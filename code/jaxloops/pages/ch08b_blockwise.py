@@ -83,9 +83,8 @@ def trace_note(split: dict | None, traced_ms: float, dots_pred_ms: float) -> str
     """The paragraph on the trace's split (from `tile_passes`) against the roofline."""
     if split is None:
         return (
-            "This backend's trace does not name the operations inside the loop (a GPU's "
-            "names whole programs), so the column is empty here; the timings below "
-            "still apply."
+            "This backend's trace does not name the fusions inside the loop, so the column "
+            "is empty here; the timings below still apply."
         )
     dots_ms, softmax_ms = split["dots_ms"], split["softmax_ms"]
     return (
@@ -189,7 +188,7 @@ def refused_note(memory: list[dict]) -> str:
     refused = [(row["implementation"], kind, r) for row in memory
                for kind, r in row["refused"].items()]  # fmt: skip
     if not refused:
-        return "Every one of these programs compiled on this device."
+        return "Every one of these programs compiled."
     said = "; ".join(
         f'"{name}" ({"its gradient" if kind == "grad" else "its forward pass"}) asks for '
         f"{r['temp_bytes'] / 2**30:.2f} GiB of temporaries, and the device has "
@@ -197,7 +196,7 @@ def refused_note(memory: list[dict]) -> str:
         for name, kind, r in refused
     )
     return (
-        f"On this device the compiler refused to build what does not fit: {said}, so it "
-        f"cannot run here at all. The table and the figures above count the temporaries the "
-        f"refusal names (the compiler's own count, to 0.01 GiB)."
+        f"The compiler refused to build what does not fit: {said}, so it cannot run on that "
+        f"device at all; the table counts the temporaries the refusal names (the compiler's "
+        f"own count, to 0.01 GiB)."
     )
