@@ -126,15 +126,25 @@ def test_attentions_ceiling_sums_the_time_of_its_shallow_and_deep_products():
     assert page.depth_shares(rows) == pytest.approx([140 / 120] * 8)
 
 
-def test_a_rate_above_its_ceiling_is_reported():
+def test_a_rate_above_the_devices_peak_is_reported_and_the_estimate_counts_nine_products():
     record = fake_record()
-    assert page.above_ceiling(record) == []
-    record["rows"].append(row("pallas", 128, 8192, False, "forward", 170.0, (128, 128)))
-    assert page.above_ceiling(record) == ["H 128, T 8192, full, forward, pallas: 170 > 160"]
-    # The depth-H matmul taken for the ceiling: the kernel's fastest run exceeds it, in all 8
-    # configurations of full attention.
-    above = page.above_ceiling(fake_record(), of=page.depth_only)
-    assert "H 128, T 8192, full, forward, pallas: 140 > 120" in above and len(above) == 8
+    assert page.peak_tflops(record) is None  # no device kind: no peak, nothing judged
+    record["facts"]["device_kind"] = "TPU v5 lite"
+    assert page.peak_tflops(record) == pytest.approx(page.v5e_facts()["bf16_tflops"])
+    record["facts"]["device_kind"] = "TPU v5p"  # 459 TFLOP/s published: the fake's rows fit
+    assert page.above_peak(record) == []  # 140 full; causal's nominal 252 is not a rate
+    record["rows"].append(row("pallas", 128, 8192, False, "forward", 500.0, (128, 128)))
+    assert page.above_peak(record) == ["H 128, T 8192, full, forward, pallas: 500 > 459"]
+    # This kernel's products: forward 1 H deep and 1 a block deep (as FlashAttention-2's), so
+    # 2 / (1/120 + 1/240) = 160; forward + backward 5 and 4 of the 7 counted, 7 / (5/120 + 4/240)
+    # = 120, below the 168 that FlashAttention-2's 3 and 4 give.
+    rows = fake_record()["rows"]
+    at = dict(H=128, T=8192, is_causal=False)
+    assert page.kernel_estimate(rows, mode="forward", **at) == pytest.approx(160)
+    assert page.kernel_estimate(rows, mode="forward+backward", **at) == pytest.approx(120)
+    assert page.ceiling(rows, mode="forward+backward", **at) == pytest.approx(168)
+    summary = page.summary_table(record)
+    assert "| 58% of the square, 31% of the peak |" in summary  # 140 / 240, 140 / 459
 
 
 def test_the_tables_and_the_note_say_what_was_recorded():
