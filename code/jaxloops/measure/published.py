@@ -97,6 +97,18 @@ PUBLISHED = (
         ),
     ),
     (
+        ("TPU v5 lite",),  # how JAX names a TPU v5e
+        PublishedPeaks(
+            "TPU v5e",
+            f32_flops_per_s=None,
+            tf32_flops_per_s=None,
+            bf16_flops_per_s=197e12,
+            hbm_bytes_per_s=819e9,
+            source="Google Cloud TPU v5e documentation",
+            memory_bytes=16e9,
+        ),
+    ),
+    (
         ("TPU v5p",),
         PublishedPeaks(
             "TPU v5p",
