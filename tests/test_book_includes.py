@@ -6,7 +6,14 @@ import re
 
 import pytest
 
-BOOK = pathlib.Path(__file__).resolve().parents[1] / "book"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BOOK = ROOT / "book"
+# Files a chapter may show whole, without :pyobject:, each for its reason. A script that stands
+# alone (it imports nothing from the package) is shown to be read and copied as one file, and a
+# whole file cannot drift from itself as a range of lines can.
+WHOLE_FILES = {
+    "code/examples/whole_loop.py",  # chapter 7: the whole loop on one screen
+}
 INCLUDE = re.compile(r"```\{literalinclude\}\s+(?P<path>\S+)\s*\n(?P<options>(?::[^\n]*\n)*)")
 
 
@@ -44,14 +51,34 @@ def test_every_numbered_chapter_includes_listings_from_the_package():
     "chapter,path,options", INCLUDES, ids=[f"{c}:{o.get('pyobject')}" for c, _, o in INCLUDES]
 )
 def test_each_listing_names_an_existing_object_by_pyobject(chapter, path, options):
+    assert listing_problem(chapter, path, options) is None
+
+
+def listing_problem(chapter: str, path: str, options: dict[str, str]) -> str | None:
+    """What is wrong with a listing `chapter` includes from `path` (relative to book/), or None."""
     source = (BOOK / path).resolve()
-    assert source.is_file(), f"{chapter} includes {path}, which does not exist"
-    assert "lines" not in options, (
-        f"{chapter} includes {path} by :lines:, which drifts; use :pyobject:"
-    )
-    assert "pyobject" in options, f"{chapter} includes {path} without :pyobject:"
-    assert options["pyobject"] in _top_level_names(source), (
-        f"{chapter} includes {options['pyobject']!r} from {path}, which defines no such object"
+    if not source.is_file():
+        return f"{chapter} includes {path}, which does not exist"
+    if "lines" in options:
+        return f"{chapter} includes {path} by :lines:, which drifts; use :pyobject:"
+    if "pyobject" not in options:
+        whole = source.is_relative_to(ROOT) and source.relative_to(ROOT).as_posix() in WHOLE_FILES
+        return None if whole else f"{chapter} includes {path} without :pyobject:"
+    if options["pyobject"] not in _top_level_names(source):
+        return (
+            f"{chapter} includes {options['pyobject']!r} from {path}, which defines no such object"
+        )
+    return None
+
+
+def test_only_a_listed_standalone_file_is_shown_whole():
+    assert listing_problem("07.md", "../code/examples/whole_loop.py", {}) is None
+    # A package module shown whole, a listed file by :lines:, a missing object: each refused.
+    assert "without :pyobject:" in listing_problem("07.md", "../code/jaxloops/loop.py", {})
+    by_lines = listing_problem("07.md", "../code/examples/whole_loop.py", {"lines": "1-9"})
+    assert ":lines:" in by_lines
+    assert "no such object" in listing_problem(
+        "07.md", "../code/jaxloops/loop.py", {"pyobject": "nope"}
     )
 
 
