@@ -130,6 +130,7 @@ def test_a_rate_above_the_devices_peak_is_reported_and_the_estimate_counts_nine_
     record = fake_record()
     assert page.peak_tflops(record) is None  # no device kind: no peak, nothing judged
     record["facts"]["device_kind"] = "TPU v5 lite"
+    assert page.peak_tflops(record) == pytest.approx(197)  # published, as Pallas tabulates it
     assert page.peak_tflops(record) == pytest.approx(page.v5e_facts()["bf16_tflops"])
     record["facts"]["device_kind"] = "TPU v5p"  # 459 TFLOP/s published: the fake's rows fit
     assert page.above_peak(record) == []  # 140 full; causal's nominal 252 is not a rate

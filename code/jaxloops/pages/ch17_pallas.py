@@ -204,12 +204,9 @@ def kernel_estimate(rows, **where) -> float | None:
 
 
 def peak_tflops(record: dict) -> float | None:
-    """The bfloat16 peak (TFLOP/s) of the record's device: a TPU v5e's as JAX's Pallas TPU
-    backend tabulates it (`v5e_facts`), another's from `measure.published`; None elsewhere."""
-    kind = record.get("facts", {}).get("device_kind", "")
-    if "v5 lite" in kind or "v5e" in kind:
-        return v5e_facts()["bf16_tflops"]
-    peaks = published.published_peaks(kind)
+    """The published bfloat16 peak (TFLOP/s) of the record's device (`measure.published`),
+    None where it is not listed."""
+    peaks = published.published_peaks(record.get("facts", {}).get("device_kind", ""))
     return peaks.bf16_flops_per_s / 1e12 if peaks else None
 
 
