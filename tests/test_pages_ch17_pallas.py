@@ -7,6 +7,7 @@ import pytest
 
 import jaxloops
 from conftest import normal
+from jaxloops import model_flops, text
 from jaxloops import pallas_attention as pa
 from jaxloops.pages import ch17_pallas as page
 from jaxloops.pages import goals
@@ -231,3 +232,13 @@ def test_what_changed_names_the_group_that_moved_most_and_where_the_copies_came_
     assert page.what_changed({"a": a, "b": empty}, {"a": "a", "b": "b"}) == ""
     with pytest.raises(ValueError, match="two steps"):
         page.what_changed({"a": a}, {"a": "a"})
+
+
+def test_the_steps_mfu_is_the_fields_count_over_the_published_peak():
+    sizes = (8, 1024, 16, 4, 4096, 1024, 8)  # chapter 11's step on the chip
+    config = jaxloops.TransformerConfig(text.VOCAB_SIZE, *sizes[:-1])
+    flops = model_flops.train_flops(config, 8, 1024, causal=True)
+    seconds = flops / (0.5 * 197e12)  # half the peak
+    assert page.step_mfu(sizes, seconds, "TPU v5 lite") == "50.0%"
+    assert page.step_mfu(sizes, seconds / 2, "TPU v5 lite") == "100.0%"
+    assert page.step_mfu(sizes, seconds, "cpu").startswith("none: no published peak")

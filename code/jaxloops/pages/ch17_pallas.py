@@ -9,6 +9,7 @@ import jax
 import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
+from jaxloops import model_flops
 from jaxloops import pallas_attention as pa
 from jaxloops.attention import rounding_magnitudes
 from jaxloops.measure import kernel_sweep, published
@@ -16,6 +17,8 @@ from jaxloops.measure.roofline import CEILING_MARGIN
 from jaxloops.pages import goals
 from jaxloops.pages.common import MiB
 from jaxloops.pages.render import markdown_table
+from jaxloops.text import VOCAB_SIZE
+from jaxloops.transformer import TransformerConfig
 
 RECORD = pathlib.Path(__file__).resolve().parents[3] / "results" / "tpu" / "kernels.json"
 # The implementations of the summary, in its columns' order.
@@ -571,3 +574,15 @@ def what_changed(traced: dict[str, dict], labels: dict[str, str]) -> str:
             said.append(f"The copies and transposes {plain[name]}, by the file whose line made "
                         f"them: {', '.join(parts)}.")  # fmt: skip
     return " ".join(said)
+
+
+def step_mfu(step_sizes: tuple[int, ...], seconds: float, device_kind: str) -> str:
+    """The step's MFU, as the field counts it (`model_flops.train_flops`, causal, over the
+    device's published bfloat16 peak), in words: "64.9 %", or why there is none."""
+    L, D, N, K, F, T, B = step_sizes
+    peaks = published.published_peaks(device_kind)
+    if peaks is None:
+        return f"none: no published peak for {device_kind}"
+    config = TransformerConfig(VOCAB_SIZE, L, D, N, K, F, T)
+    flops = model_flops.train_flops(config, B, T, causal=True)
+    return f"{model_flops.mfu(flops, seconds, peaks.bf16_flops_per_s):.1%}"
