@@ -352,3 +352,11 @@ def test_a_records_cells_are_labelled_by_the_section_they_follow():
     sections = device_records.cell_sections(notebook)
     assert sections == ["Opening", "Fetching the loss", "Fetching the loss", "Scanning an epoch",
                         "Scanning an epoch"]  # fmt: skip
+
+
+def test_a_script_a_chapter_runs_by_path_is_in_its_manifest():
+    chapter = device_records.ROOT / "book" / "07_evaluation.md"
+    assert "code/examples/whole_loop.py" in device_records.manifest(chapter)
+    found = device_records.scripts_run('x = run("../code/examples/whole_loop.py")', chapter.parent)
+    assert [p.name for p in found] == ["whole_loop.py"]
+    assert device_records.scripts_run('x = run("../nowhere.py")', chapter.parent) == []

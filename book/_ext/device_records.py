@@ -200,9 +200,22 @@ def manifest(chapter: pathlib.Path) -> dict[str, str]:
     chapter, code = chapter.resolve(), code_cells(chapter)
     python = "\n".join(line for line in code.splitlines() if not line.startswith(("%", "!")))
     entries = {str(chapter.relative_to(ROOT)): hashlib.sha256(code.encode()).hexdigest()}
-    for path in package_files(python):
+    for path in package_files(python) + scripts_run(python, chapter.parent):
         entries[str(path.relative_to(ROOT))] = code_hash(path.read_text())
     return entries
+
+
+def scripts_run(source: str, folder: pathlib.Path) -> list[pathlib.Path]:
+    """Python files of the repository outside the package that a chapter names by path in a
+    string (`runpy.run_path("../code/examples/whole_loop.py")`), relative to its folder."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value.endswith(".py") and "\n" not in node.value:
+                path = (folder / node.value).resolve()
+                if path.is_file() and ROOT in path.parents and PACKAGE not in path.parents:
+                    found.append(path)
+    return sorted(set(found))
 
 
 def suite_manifest() -> dict[str, str]:
