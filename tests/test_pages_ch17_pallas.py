@@ -204,7 +204,8 @@ def test_breakdown_rows_put_two_steps_side_by_side_and_leave_out_an_empty_trace(
     assert rows[0]["with `a`, ms"] == 4.0 and rows[0]["with b, ms"] == 1.0
     assert rows[2]["with `a`, ms"] is None and rows[2]["with b, MB"] == 1.0
     assert rows[-1]["with `a`, ms"] == 6.0 and rows[-1]["with b, ms"] == 3.5
-    assert "4.00 ms traced with a." in said and "`" not in said
+    assert "4.00 ms traced with a, 1.00 ms traced with b." in said and "`" not in said
+    assert said.count("The attention row") == 1  # one sentence for both steps
     empty = {"a": traced["a"], "b": {"matmul": row(0.0, 10.0)}}
     rows, said = page.breakdown_rows(empty, {"a": "with a", "b": "with b"})
     assert not any(key.startswith("with b") for r in rows for key in r)
@@ -215,19 +216,23 @@ def test_what_changed_names_the_group_that_moved_most_and_where_the_copies_came_
     row = lambda ms, kernels=1: {"seconds": ms / 1e3, "kernels": kernels}
     a = {
         "groups": {"attention": row(46.0), "copies and transposes": row(2.0), "MLP": row(19.0)},
-        "copies by file": {"attention.py": row(1.5, 4), "transformer.py": row(0.5, 2)},
+        "copies by file": {"attention.py": row(1.5, 4), "transformer.py": row(0.5)},
     }
     b = {
         "groups": {"attention": row(4.0), "copies and transposes": row(13.0), "MLP": row(19.5)},
-        "copies by file": {"pallas_attention.py": row(11.0, 12), "": row(2.0, 3)},
-    }
+        "copies by file": {
+            "pallas_attention.py": row(11.0, 12), "": row(2.0, 3), "transformer.py": row(0.001),
+        },
+    }  # fmt: skip
     said = page.what_changed({"a": a, "b": b}, {"a": "with `a`", "b": "with b"})
     assert "the group that moved most is copies and transposes" in said  # not attention's -42
     assert "2.00 ms with a, 13.00 ms with b (+11.00 ms)" in said and "`" not in said
     assert (
         "with b, by the file whose line made them: 11.00 ms made in pallas_attention.py "
-        "(12 kernels), 2.00 ms made in no source line (3 kernels)" in said
+        "(12 kernels), 2.00 ms made in no source line (3 kernels)." in said
     )
+    assert "(1 kernel)" in said and "(1 kernels)" not in said  # with a: transformer.py's one
+    assert "0.00 ms" not in said  # a file whose copies took no measurable time is left out
     empty = {"groups": {"MLP": row(0.0)}, "copies by file": {}}
     assert page.what_changed({"a": a, "b": empty}, {"a": "a", "b": "b"}) == ""
     with pytest.raises(ValueError, match="two steps"):

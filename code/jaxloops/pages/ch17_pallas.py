@@ -531,12 +531,14 @@ def breakdown_rows(traced: dict[str, dict], labels: dict[str, str]) -> tuple[lis
         {"group": "all traced", **{f"{labels[name]}, ms": 1e3 * total[name] for name in shown}}
     )
     plain = _plain(labels)
-    said = [
-        f"The attention row is what the prediction above assumed moves: "
+    attention = [
         f"{1e3 * traced[name].get('attention', {'seconds': 0.0})['seconds']:.2f} ms traced "
-        f"{plain[name]}."
+        f"{plain[name]}"
         for name in shown
-    ] + [
+    ]
+    said = [
+        f"The attention row is what the prediction above assumed moves: {', '.join(attention)}."
+    ] * bool(attention) + [
         f"The trace of the step {plain[name]} held none of its kernels, so the table leaves it "
         f"out (the kernel ran in Pallas's TPU interpreter, and the profiler's trace of that "
         f"program held only its dispatch)."
@@ -567,9 +569,10 @@ def what_changed(traced: dict[str, dict], labels: dict[str, str]) -> str:
         f"({ms(second, moved) - ms(first, moved):+.2f} ms)."
     ]
     for name in traced:
-        files = list(traced[name]["copies by file"].items())[:3]
+        files = [(f, r) for f, r in traced[name]["copies by file"].items() if r["seconds"] >= 5e-6]
         parts = [f"{1e3 * row['seconds']:.2f} ms made in {file or 'no source line'} "
-                 f"({row['kernels']} kernels)" for file, row in files]  # fmt: skip
+                 f"({row['kernels']} kernel{'s' * (row['kernels'] != 1)})"
+                 for file, row in files[:3]]  # fmt: skip
         if parts:
             said.append(f"The copies and transposes {plain[name]}, by the file whose line made "
                         f"them: {', '.join(parts)}.")  # fmt: skip
