@@ -8,11 +8,13 @@ import subprocess
 import jax
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
+from orbax.checkpoint import checkpoint_managers
 
 import jaxloops
 from conftest import once_per_session
-from jaxloops import checkpoint, equivalence, workers
+from jaxloops import checkpoint, equivalence, sharding, workers
 from jaxloops.workers import checkpoint as checkpoint_worker
 
 EPOCHS, STOP, KILL = 3, 1, 2
@@ -376,13 +378,100 @@ def test_checkpoint_from_8_devices_restores_onto_4(tmp_path):
     assert stored["chunk_shape"] == [64 // 8, SIZES.loop.hidden[0]]
 
 
-def test_the_unfinished_save_of_a_killed_run_is_deleted_by_the_next_save(tmp_path):
-    unfinished = tmp_path / f"3{checkpoint.TMP_SUFFIX}"
-    unfinished.mkdir(parents=True)
-    (unfinished / "half-written").write_bytes(b"cut off")
-    assert checkpoint.temporary_dirs(tmp_path) == [unfinished.name]
-    manager = save_steps(tmp_path, [4], keep_last=2)
-    assert checkpoint.temporary_dirs(tmp_path) == [] and manager.all_steps() == [4]
+def test_the_unfinished_save_of_a_killed_run_is_deleted_on_creation(tmp_path):
+    # orbax 0.12.8: the manager's creation starts the deletion, before any save; a manager
+    # made without cleanup_tmp_directories (the control, made first) keeps its directory.
+    unfinished = {}
+    for name in ("control", "ours"):
+        unfinished[name] = tmp_path / name / f"3{checkpoint.TMP_SUFFIX}"
+        unfinished[name].mkdir(parents=True)
+        (unfinished[name] / "half-written").write_bytes(b"cut off")
+    ocp.CheckpointManager(tmp_path / "control", options=ocp.CheckpointManagerOptions())
+    manager = checkpoint.checkpoint_manager(tmp_path / "ours", keep_last=2)
+    assert checkpoint.wait_for_no_temporary_dirs(tmp_path / "ours", 30) == []
+    assert manager.all_steps() == []
+    assert checkpoint.temporary_dirs(tmp_path / "control") == [unfinished["control"].name]
+    with pytest.raises(ValueError, match="seconds must be >= 0"):
+        checkpoint.wait_for_no_temporary_dirs(tmp_path / "ours", -1)
+
+
+def test_the_manager_saves_at_a_preemption_whatever_the_interval(tmp_path):
+    # The policy passed to orbax replaces its default, which saves at a preemption sync
+    # point: ours must keep that. A manager given the interval alone is the wrong answer.
+    def saves_at(manager):
+        manager.reached_preemption = lambda step: step == 3  # as JAX reports a sync point
+        return [step for step in range(1, 11) if manager.should_save(step)]
+
+    ours = checkpoint.checkpoint_manager(tmp_path / "ours", keep_last=1, every=5)
+    assert saves_at(ours) == [3, 5, 10]
+    interval_only = ocp.CheckpointManager(
+        tmp_path / "interval-only",
+        options=ocp.CheckpointManagerOptions(
+            save_decision_policy=checkpoint_managers.FixedIntervalPolicy(5)
+        ),
+    )
+    assert saves_at(interval_only) == [5, 10]  # no preemption save: what the check catches
+
+
+def test_the_hook_stops_fit_once_the_preemption_save_is_made(tmp_path):
+    manager = checkpoint.checkpoint_manager(tmp_path, keep_last=2, every=100)
+    manager.reached_preemption = lambda step: step == 2
+    run = checkpoint_worker.experiment("mlp", SIZES, CPU)
+    _, _, history = jaxloops.fit(
+        run.key, *run.init(), run.train_step, run.data, batch_size=run.batch_size, epochs=5,
+        epochs_per_call=1, hook=checkpoint.checkpoint_hook(manager, run.key),
+    )  # fmt: skip
+    assert history.hooks == [(2, {"stop": True})] and manager.all_steps() == [2]
+
+
+@pytest.mark.skipif(sharding.no_tcp_reason() is not None, reason="jax.distributed needs TCP")
+def test_two_processes_save_the_same_epoch_when_one_is_sent_sigterm(tmp_path):
+    statuses, printed = checkpoint_worker.preempt_together(
+        tmp_path / "together", epochs=60, every=60, slow=(0.05, 0.3), signal_after=2,
+        sizes_arg=SIZES_ARG[1],
+    )  # fmt: skip
+    saved = [int(lines[-1].rsplit(" ", 1)[1]) for lines in printed]
+    assert statuses == [0, 0] and saved[0] == saved[1] and saved[0] > 2, printed
+    assert all("preempted, saved epoch" in lines[-1] for lines in printed), printed
+    manager = checkpoint.checkpoint_manager(tmp_path / "together", keep_last=1)
+    assert manager.all_steps() == [saved[0]]
+
+
+def test_preempt_together_refuses_bad_arguments_before_starting(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    bad = [
+        (dict(slow=(0.1,)), "need >= 2 processes"),
+        (dict(slow=(0.1, -1.0)), "paces >= 0"),
+        (dict(signal_after=60), "signal_after must be in"),
+        (dict(directory=tmp_path / "a-file"), "a-file is a file"),
+        (dict(directory=tmp_path / "no" / "such"), "parent .* does not exist"),
+    ]
+    for change, message in bad:
+        kwargs = dict(directory=tmp_path / "d", epochs=60, every=60, slow=(0.1, 0.2),
+                      signal_after=2, sizes_arg=SIZES_ARG[1]) | change  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            checkpoint_worker.preempt_together(kwargs.pop("directory"), **kwargs)
+    assert not (tmp_path / "d").exists()
+
+
+def test_path_arguments_are_checked_before_any_work(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    for bad, message in [
+        (tmp_path / "a-file", "a-file is a file"),
+        (tmp_path / "no" / "such", "parent .*no does not exist"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            checkpoint.checkpoint_manager(bad, keep_last=1)
+        with pytest.raises(ValueError, match=message):
+            checkpoint_worker.wait_for_checkpoint(bad, 0)
+    for read in (checkpoint.temporary_dirs, lambda d: checkpoint.stored_shardings(d, 0)):
+        with pytest.raises(ValueError, match="missing does not exist"):
+            read(tmp_path / "missing")
+        with pytest.raises(ValueError, match="a-file is a file"):
+            read(tmp_path / "a-file")
+    with pytest.raises(ValueError, match="seconds must be >= 0"):
+        checkpoint_worker.wait_for_checkpoint(tmp_path, -1)
+    assert not (tmp_path / "no").exists()
 
 
 def test_the_save_interval_writes_only_its_multiples(tmp_path):

@@ -99,3 +99,82 @@ def test_a_run_killed_mid_epoch_resumes_bit_for_bit(shards, tmp_path):
     want, got = checkpoint.flat_arrays(full), checkpoint.flat_arrays(state)
     assert want.keys() == got.keys() and not equivalence.differing(got, want)
     assert max(float(np.max(np.abs(got[n] - want[n]))) for n in want) == 0.0
+
+
+def saved_steps(shards, directory, steps):
+    """A manager over `directory` holding a checkpoint after each of `steps` batches."""
+    run = streaming.stream_run(shards, SIZES)
+    params, opt_state = run.init()
+    iterator = streaming.unprefetched(run.dataset)
+    manager = stream_checkpoint.stream_manager(directory, keep_last=len(steps))
+    taken = 0
+    for step in steps:
+        for _ in range(step - taken):
+            next(iterator)
+        taken = step
+        stream_checkpoint.save_stream(manager, step, params, opt_state, iterator, run.fingerprint)
+        manager.wait_until_finished()
+    return run, manager
+
+
+def state_data_file(directory, step):
+    return max((directory / str(step) / "state" / "d").iterdir(), key=lambda p: p.stat().st_size)
+
+
+def test_a_broken_newest_checkpoint_falls_back_to_the_one_before(shards, tmp_path):
+    run, manager = saved_steps(shards, tmp_path / "ckpt", [4, 7])
+    state_data_file(tmp_path / "ckpt", 7).unlink()
+    fresh = streaming.unprefetched(run.dataset)
+    with pytest.warns(checkpoint.BrokenCheckpointWarning, match="step 7 is broken"):
+        resumed = stream_checkpoint.restore_stream(
+            manager, *run.init(), fresh, run.fingerprint, len(run.dataset)
+        )
+    assert resumed.step == 4 and resumed.iterator.get_state() == {"next_index": 4}
+    np.testing.assert_array_equal(next(resumed.iterator).y, run.dataset[4].y)
+
+
+def test_when_no_checkpoint_reads_the_iterator_is_left_where_it_was(shards, tmp_path):
+    run, manager = saved_steps(shards, tmp_path / "ckpt", [4, 7])
+    for step in (4, 7):
+        state_data_file(tmp_path / "ckpt", step).unlink()
+    fresh = streaming.unprefetched(run.dataset)
+    next(fresh)
+    with pytest.warns(checkpoint.BrokenCheckpointWarning):
+        resumed = stream_checkpoint.restore_stream(
+            manager, *run.init(), fresh, run.fingerprint, len(run.dataset)
+        )
+    assert resumed is None and fresh.get_state() == {"next_index": 1}
+
+
+def test_an_iterator_state_saved_by_another_process_count_is_refused_by_name(shards, tmp_path):
+    run, manager = saved_steps(shards, tmp_path / "ckpt", [4])
+    data = tmp_path / "ckpt" / "4" / "data"
+    (data / "process_0-of-1.json").rename(data / "process_0-of-2.json")
+    fresh = streaming.unprefetched(run.dataset)
+    with pytest.raises(checkpoint.Mismatch, match="process_0-of-2.json, this process would "
+                       "read process_0-of-1.json"):  # fmt: skip
+        stream_checkpoint.restore_stream(
+            manager, *run.init(), fresh, run.fingerprint, len(run.dataset)
+        )
+    assert fresh.get_state() == {"next_index": 0}
+
+
+def test_path_arguments_are_checked_before_any_work(shards, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    for bad, message in [
+        (tmp_path / "a-file", "a-file is a file"),
+        (tmp_path / "no" / "such", "parent .*no does not exist"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            stream_checkpoint.stream_manager(bad, keep_last=1)
+        with pytest.raises(ValueError, match=message):
+            streaming_worker.train(bad, shards, SIZES)
+    with pytest.raises(ValueError, match="shard directory .*missing does not exist"):
+        streaming_worker.train(tmp_path / "ckpt", tmp_path / "missing", SIZES)
+    with pytest.raises(ValueError, match="slow must be >= 0"):
+        streaming_worker.train(tmp_path / "ckpt", shards, SIZES, slow=-1)
+    with pytest.raises(ValueError, match="--out .*: its parent .*no does not exist"):
+        streaming_worker.main([str(tmp_path / "ckpt"), "--shards", str(shards), "--sizes",
+                               workers.sizes_json(streaming=SIZES), "--out",
+                               str(tmp_path / "no" / "f.npz")])  # fmt: skip
+    assert not (tmp_path / "ckpt").exists() and not (tmp_path / "no").exists()

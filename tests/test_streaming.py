@@ -194,3 +194,30 @@ def test_step_phases_charges_a_slow_batch_to_the_wait(run):
     assert late["wait"] >= 0.1, late
     with pytest.raises(ValueError, match="steps must be >= 1, got 0"):
         feeds.step_phases(run.train_step, params, opt_state, slow(), steps=0)
+
+
+def test_path_and_count_arguments_are_checked_before_any_work(run, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    for bad, message in [
+        (tmp_path / "a-file", "a-file is a file"),
+        (tmp_path / "no" / "such", "parent .*no does not exist"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            streaming.write_shards(bad, odd_tokens(), CONTEXT, PER_SHARD)
+    with pytest.raises(ValueError, match="shard directory .*missing does not exist"):
+        streaming.ShardedWindows(tmp_path / "missing")
+    with pytest.raises(ValueError, match="a-file is a file"):
+        streaming.ShardedWindows(tmp_path / "a-file")
+    cpu, dataset = jax.devices("cpu")[0], run.dataset
+    for buffer in (0, -1):
+        with pytest.raises(ValueError, match=f"buffer must be >= 1 batch, got {buffer}"):
+            streaming.prefetched(dataset, cpu, buffer)
+        with pytest.raises(ValueError, match=f"buffer must be >= 1 batch, got {buffer}"):
+            streaming.in_a_worker_process(dataset, buffer)
+    for steps in (0, len(dataset) + 1):
+        with pytest.raises(ValueError, match=f"steps must be in \\[1, {len(dataset)}\\]"):
+            streaming.feeds(run.train_step, *run.init(), dataset, steps, cpu)
+    with pytest.raises(ValueError, match="steps must be >= 1, got 0"):
+        with streaming.warm_prefetch(run.train_step, *run.init(), dataset, 0, cpu):
+            pass
+    assert not (tmp_path / "no").exists()

@@ -10,6 +10,7 @@ import errno
 import json
 import pathlib
 import re
+import time
 import warnings
 from typing import Any, NamedTuple
 
@@ -19,12 +20,18 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
 from jaxloops.loop import Hook
+from jaxloops.paths import existing_directory, writable_directory
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's name for a step directory still being written
 
 
 class BrokenCheckpointWarning(UserWarning):
     """A checkpoint on disk could not be read; an older one is used instead."""
+
+
+class Mismatch(ValueError):
+    """A checkpoint reads back whole but does not fit what it is restored into: the
+    program's mistake, not the disk's, so no older checkpoint is tried."""
 
 
 class Restored(NamedTuple):
@@ -42,33 +49,45 @@ def checkpoint_manager(
     """A CheckpointManager over `directory` that saves asynchronously.
 
     Keeps the `keep_last` newest checkpoints and, if `best_metric` is given, also the one
-    with the lowest value of that metric (e.g. "val_loss"); deletes the rest. On creation it
-    deletes the temporary directories of saves that never completed.
+    with the lowest value of that metric (e.g. "val_loss"); deletes the rest. Its creation
+    starts deleting the temporary directories of saves that never completed (on a
+    background thread; its first save waits for that to finish).
 
     Args:
-      every: the save interval: `save(step)` writes only when step is a multiple of it
-        (and returns False otherwise).
+      directory: created if missing; its parent must exist and be writable.
+      every: the save interval: `save(step)` writes when step is a multiple of it (and
+        returns False otherwise), or when the processes' preemption sync point is `step`
+        (under `jax.distributed`, after a SIGTERM reached any of them).
+    Raises:
+      ValueError: a count below 1, or a directory that names a file, lacks its parent or
+        cannot be written (naming the path).
     """
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
     if every < 1:
         raise ValueError(f"every must be >= 1, got {every}")
+    directory = writable_directory(directory, "checkpoint directory")
     keep = [checkpoint_managers.LatestN(n=keep_last)]
     if best_metric is not None:
         lowest = checkpoint_managers.BestN(
             get_metric_fn=lambda metrics: metrics[best_metric], reverse=True, n=1
         )
         keep.append(lowest)
+    # A save_decision_policy replaces orbax's default one, preemption save included: keep it.
+    when = checkpoint_managers.AnySavePolicy(
+        [
+            checkpoint_managers.FixedIntervalPolicy(every),
+            checkpoint_managers.PreemptionCheckpointingPolicy(),
+        ]
+    )
     options = ocp.CheckpointManagerOptions(
         preservation_policy=checkpoint_managers.AnyPreservationPolicy(keep),
         enable_async_checkpointing=True,
         cleanup_tmp_directories=True,  # a save cut off by a kill left one behind
-        save_decision_policy=checkpoint_managers.FixedIntervalPolicy(every),
+        save_decision_policy=when,
     )
     handlers = {"state": ocp.StandardCheckpointHandler(), "progress": ocp.JsonCheckpointHandler()}
-    return ocp.CheckpointManager(
-        pathlib.Path(directory).absolute(), options=options, item_handlers=handlers
-    )
+    return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
 
 
 def checkpoint_hook(
@@ -82,6 +101,9 @@ def checkpoint_hook(
         with the checkpoint (for keeping the best) and returned to `fit`'s History.
       force: optional `force() -> bool`: True saves this epoch whatever the save interval
         (a preemption notice has come).
+    Returns:
+      The hook. It returns the metrics, with "stop": True once orbax has saved the epoch for
+      a preemption (the processes' sync point, under `jax.distributed`): `fit` then ends.
     """
 
     def hook(epoch, params, opt_state):
@@ -99,6 +121,9 @@ def checkpoint_hook(
         )
         # save() returns once the arrays are copied to the host; the write to disk goes on
         # in a background thread, so fit may donate params and opt_state to its next call.
+        if manager.reached_preemption(epoch):  # every process saved this epoch: stop here
+            manager.wait_until_finished()
+            return {**(metrics or {}), "stop": True}
         return metrics
 
     return hook
@@ -115,36 +140,50 @@ def restore_latest(manager: ocp.CheckpointManager, key, params, opt_state) -> Re
         jax.ShapeDtypeStruct, whose shardings say where the restored arrays go; a leaf
         without one goes where `key` lives.
     Raises:
-      ValueError: the checkpoint's tree does not match (names the path in the tree).
+      Mismatch (a ValueError): the checkpoint's tree does not match (names the path in it).
     """
     target = {"params": params, "opt_state": opt_state, "key": key}
     # a leaf given without a sharding goes where the key lives (the run's device)
     where = getattr(key, "sharding", None)
     abstract = jax.tree.map(lambda leaf: abstract_array(leaf, where), target)
+
+    def read(step):
+        saved = manager.item_metadata(step)["state"]
+        if saved is None or not jax.tree.leaves(saved):  # orbax reads a lost index as empty
+            index = pathlib.Path(manager.directory) / str(step) / "state" / "_METADATA"
+            raise FileNotFoundError(errno.ENOENT, "no readable tree metadata", str(index))
+        check_structure(saved, abstract, step)
+        return manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), progress=ocp.args.JsonRestore()
+            ),
+        )
+
+    found = restore_newest(manager, read)
+    if found is None:
+        return None
+    _, restored = found
+    state = restored["state"]
+    epoch = restored["progress"]["epoch"]
+    return Restored(epoch, state["key"], state["params"], state["opt_state"])
+
+
+def restore_newest(manager: ocp.CheckpointManager, read):
+    """(step, read(step)) for the newest step of `manager` that `read` reads back whole;
+    None if none does.
+
+    A step whose read raises is reported (a BrokenCheckpointWarning naming the step and the
+    file that failed) and the next older one is tried. A `Mismatch` is raised at once: the
+    checkpoint is whole, the program restores it into the wrong thing.
+    """
     for step in sorted(manager.all_steps(), reverse=True):
         try:
-            saved = manager.item_metadata(step)["state"]
-            if saved is None or not jax.tree.leaves(saved):  # orbax reads a lost index as empty
-                index = pathlib.Path(manager.directory) / str(step) / "state" / "_METADATA"
-                raise FileNotFoundError(errno.ENOENT, "no readable tree metadata", str(index))
+            return step, read(step)
+        except Mismatch:
+            raise
         except Exception as error:  # noqa: BLE001 - any failure to read means broken
             report_broken(manager, step, error)
-            continue
-        check_structure(saved, abstract, step)
-        try:
-            restored = manager.restore(
-                step,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract), progress=ocp.args.JsonRestore()
-                ),
-            )
-        except Exception as error:  # noqa: BLE001
-            report_broken(manager, step, error)
-            continue
-        state = restored["state"]
-        return Restored(
-            restored["progress"]["epoch"], state["key"], state["params"], state["opt_state"]
-        )
     return None
 
 
@@ -174,7 +213,7 @@ def report_broken(manager: ocp.CheckpointManager, step: int, error: Exception) -
     warnings.warn(
         f"checkpoint step {step} is broken: {where}: {reason}; skipping it",
         BrokenCheckpointWarning,
-        stacklevel=3,
+        stacklevel=4,  # the caller of restore_latest or restore_stream
     )
 
 
@@ -218,16 +257,17 @@ def _on_host(name: str, leaf) -> np.ndarray:
 
 
 def check_structure(saved, target, step: int) -> None:
-    """Raises a ValueError naming the first path where `saved` and `target` differ."""
+    """Raises a Mismatch (a ValueError) naming the first path where `saved` and `target`
+    differ."""
     saved, target = tree_paths(saved), tree_paths(target)
     for name in sorted(saved.keys() | target.keys()):
         if name not in target:
-            raise ValueError(f"checkpoint step {step} has {name}, which the target tree lacks")
+            raise Mismatch(f"checkpoint step {step} has {name}, which the target tree lacks")
         if name not in saved:
-            raise ValueError(f"checkpoint step {step} has no {name}, which the target tree has")
+            raise Mismatch(f"checkpoint step {step} has no {name}, which the target tree has")
         if saved[name] != target[name]:
             (s_shape, s_dtype), (t_shape, t_dtype) = saved[name], target[name]
-            raise ValueError(
+            raise Mismatch(
                 f"checkpoint step {step}: {name} is saved as {s_dtype}{list(s_shape)}, "
                 f"the target has {t_dtype}{list(t_shape)}"
             )
@@ -254,7 +294,7 @@ def stored_shardings(directory, step: int) -> dict[str, dict]:
     """What orbax (0.12.8) wrote about each array's sharding in a step: leaf name (as
     `flat_arrays` names it) -> the `_sharding` record (its "sharding_type", "axis_names",
     "partition_spec", "device_mesh") plus the "chunk_shape" each device wrote."""
-    state = pathlib.Path(directory) / str(step) / "state"
+    state = existing_directory(directory, "checkpoint directory") / str(step) / "state"
     records = json.loads((state / "_sharding").read_text())
     found = {base64.b64decode(k).decode(): json.loads(v) for k, v in records.items()}
     for path in (state / "array_metadatas").iterdir():
@@ -266,4 +306,16 @@ def stored_shardings(directory, step: int) -> dict[str, dict]:
 
 def temporary_dirs(directory) -> list[str]:
     """The names of the unfinished saves' directories in `directory` (orbax's suffix)."""
-    return sorted(p.name for p in pathlib.Path(directory).iterdir() if p.name.endswith(TMP_SUFFIX))
+    directory = existing_directory(directory, "checkpoint directory")
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(TMP_SUFFIX))
+
+
+def wait_for_no_temporary_dirs(directory, seconds: float) -> list[str]:
+    """Waits up to `seconds` for the unfinished saves in `directory` to be deleted (creating a
+    `checkpoint_manager` over it starts that, on a background thread); returns those left."""
+    if seconds < 0:
+        raise ValueError(f"seconds must be >= 0, got {seconds}")
+    deadline = time.monotonic() + seconds
+    while (left := temporary_dirs(directory)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return left

@@ -21,6 +21,7 @@ import numpy as np
 
 from jaxloops.data import Batch
 from jaxloops.loop import python_loop
+from jaxloops.paths import existing_directory, writable_directory
 from jaxloops.text import VOCAB_SIZE
 
 SHARD_PATTERN = "shard_*.npy"
@@ -30,6 +31,8 @@ def write_shards(directory, tokens, context: int, records_per_shard: int) -> lis
     """Cuts `tokens` into non-overlapping windows of `context` + 1 ids, written in order as
     shards of `records_per_shard` windows each (the last may be shorter).
 
+    Args:
+      directory: created if missing; its parent must exist and be writable.
     Returns:
       The shard files, in order: shard_00000.npy, shard_00001.npy, ...
     """
@@ -37,12 +40,12 @@ def write_shards(directory, tokens, context: int, records_per_shard: int) -> lis
     if context < 1 or records_per_shard < 1:
         raise ValueError(f"need context >= 1 and records_per_shard >= 1, got {context}, "
                          f"{records_per_shard}")  # fmt: skip
+    directory = writable_directory(directory, "shard directory")
     records = tokens.shape[0] // (context + 1)
     if records == 0:
         raise ValueError(f"{tokens.shape[0]} tokens hold no window of {context} + 1 tokens")
     windows = tokens[: records * (context + 1)].reshape(records, context + 1).astype(np.uint8)
-    directory = pathlib.Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(exist_ok=True)
     paths = []
     for i, start in enumerate(range(0, records, records_per_shard)):
         paths.append(directory / f"shard_{i:05d}.npy")
@@ -55,7 +58,7 @@ class ShardedWindows:
     `write_shards`: record i is found by its shard's first index, read from a memory map."""
 
     def __init__(self, directory):
-        self.directory = pathlib.Path(directory)
+        self.directory = existing_directory(directory, "shard directory")
         files = sorted(self.directory.glob(SHARD_PATTERN))
         self._shards = [np.load(path, mmap_mode="r") for path in files]
         counts = [len(shard) for shard in self._shards]
@@ -115,6 +118,8 @@ def prefetched(dataset: grain.MapDataset, device, buffer: int = 2) -> grain.Data
     """An iterator of batches already on `device`: a background thread makes up to `buffer`
     batches ahead, a second one copies up to `buffer` of them to the device (with 2, double
     buffering: one batch in use by the step, the next one arriving)."""
+    if buffer < 1:
+        raise ValueError(f"buffer must be >= 1 batch, got {buffer}")
     options = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
     stream = dataset.to_iter_dataset(options)
     return iter(
@@ -162,6 +167,8 @@ class Feeds:
 def feeds(step, params, opt_state, dataset: grain.MapDataset, steps: int, device) -> Feeds:
     """Drives the jitted `step` for `steps` steps from each feed, reading the loss every step
     (as a loop that logs it does: the host waits for each step)."""
+    if not 1 <= steps <= len(dataset):
+        raise ValueError(f"steps must be in [1, {len(dataset)}] (its batches), got {steps}")
     jitted = jax.jit(step)
     on_device = [jax.device_put(dataset[i], device) for i in range(steps)]
     run = lambda batches: python_loop(jitted, params, opt_state, batches, 1)[0]
@@ -182,6 +189,8 @@ def in_a_worker_process(dataset: grain.MapDataset, buffer: int = 2) -> grain.Dat
     `buffer` ahead: the pipeline's Python runs under that process's interpreter lock, not
     under the loop's. The worker starts on the first `next()` and stops when the iterator
     is closed (`close()`) or garbage-collected."""
+    if buffer < 1:
+        raise ValueError(f"buffer must be >= 1 batch, got {buffer}")
     from absl import flags  # Grain reads its options as absl flags, unparsed in a notebook
 
     if not flags.FLAGS.is_parsed():
@@ -199,6 +208,8 @@ def warm_prefetch(step, params, opt_state, dataset: grain.MapDataset, steps: int
     every step: "threads" (`prefetched`) and "process" (`in_a_worker_process`, its batches
     copied to the device by the loop). Yields {name: () -> final params}; closes both
     iterators (stopping the worker) on leaving."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
     jitted = jax.jit(step)
     endless = dataset.repeat()
     iterators = {"threads": prefetched(endless, device), "process": in_a_worker_process(endless)}

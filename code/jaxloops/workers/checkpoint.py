@@ -11,6 +11,11 @@
       save the MLP's initial state (params and optimizer state) split over 8 CPU devices
       (chapter 12's FSDP rule); restore it onto 4 (--wait: started alongside mesh-save,
       wait up to that many seconds for its checkpoint).
+  python -m jaxloops.workers.checkpoint together DIR --process I --processes 2 --port P
+      --epochs E --every K --slow S --sizes JSON
+      one of the processes that `preempt_together` starts: joined by jax.distributed, they
+      train the MLP replicated over one CPU device each, saving every K epochs into DIR
+      together, and stop once orbax has saved the epoch of their preemption sync point.
 
 --sizes is `workers.sizes_json(sizes, "loop", "lm", "checkpoint")`: the parent's sizes. The
 parent starts the process with `workers.cpu_env(devices)` (1 device for train). Each saved
@@ -31,6 +36,7 @@ from typing import Any, NamedTuple
 import jax
 
 from jaxloops import workers
+from jaxloops.paths import writable_file
 
 
 class Experiment(NamedTuple):
@@ -208,8 +214,17 @@ def mesh_state(devices: int, abstract: bool, sizes):
 
 def wait_for_checkpoint(directory, seconds: float) -> None:
     """Waits until `directory` holds a complete checkpoint (a step directory, named by its
-    number: orbax writes into a temporary directory and renames it only when complete)."""
-    directory, deadline = pathlib.Path(directory), time.monotonic() + seconds
+    number: orbax writes into a temporary directory and renames it only when complete).
+
+    Raises:
+      ValueError: `directory`'s parent does not exist or it names a file, or `seconds` < 0.
+    """
+    from jaxloops.paths import writable_directory
+
+    if seconds < 0:
+        raise ValueError(f"seconds must be >= 0, got {seconds}")
+    directory = writable_directory(directory, "checkpoint directory")  # may not exist yet
+    deadline = time.monotonic() + seconds
     while not (directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())):
         if time.monotonic() > deadline:
             raise TimeoutError(f"no complete checkpoint in {directory} after {seconds} s")
@@ -245,10 +260,119 @@ def mesh_save_or_restore(command: str, directory: str, devices: int, wait: float
     return {"params": restored.params, "opt_state": restored.opt_state}
 
 
+def train_together(directory, process: int, processes: int, port: int, epochs: int, every: int,
+                   slow: float, sizes) -> int | None:  # fmt: skip
+    """One of `processes` processes, joined by `jax.distributed` on localhost, that train the
+    MLP replicated over one CPU device each, saving into `directory` together every `every`
+    epochs. It installs no SIGTERM handler: JAX's preemption service catches the signal (in
+    any process), the processes agree on a step, and `checkpoint_manager`'s
+    `PreemptionCheckpointingPolicy` saves it. Each epoch prints "process I: trained epoch E".
+
+    Returns:
+      The epoch saved for the preemption, or None if the run ended without one.
+    """
+    import numpy as np
+
+    import jaxloops
+    from jaxloops import checkpoint
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=f"localhost:{port}", num_processes=processes, process_id=process
+    )
+    run = experiment("mlp", sizes, jax.local_devices()[0])
+    # One array over all processes' devices, the same values in each: no process waits for
+    # another while it trains (no collective), so each goes at its own pace.
+    mesh = jax.make_mesh((processes,), ("processes",), devices=jax.devices())
+    replicated = jax.NamedSharding(mesh, jax.P())
+    everywhere = lambda a: jax.make_array_from_process_local_data(replicated, np.asarray(a))
+    key = jax.random.wrap_key_data(everywhere(jax.random.key_data(run.key)))
+    params, opt_state = jax.tree.map(everywhere, run.init())
+    data = jax.tree.map(everywhere, run.data)
+    manager = checkpoint.checkpoint_manager(directory, keep_last=1, every=every)
+    save, preempted = checkpoint.checkpoint_hook(manager, key), []
+
+    def hook(epoch, params, opt_state):
+        recorded = save(epoch, params, opt_state)
+        if recorded and recorded.get("stop"):
+            preempted.append(epoch)
+            print(f"process {process}: preempted, saved epoch {epoch}", flush=True)
+            return recorded
+        print(f"process {process}: trained epoch {epoch}", flush=True)
+        time.sleep(slow)
+
+    jaxloops.fit(key, params, opt_state, run.train_step, data, batch_size=run.batch_size,
+                 epochs=epochs, epochs_per_call=1, hook=hook)  # fmt: skip
+    manager.wait_until_finished()
+    manager.close()
+    return preempted[0] if preempted else None
+
+
+def preempt_together(
+    directory, *, epochs: int, every: int, slow: tuple[float, ...], signal_after: int,
+    sizes_arg: str,
+) -> tuple[list[int], list[list[str]]]:  # fmt: skip
+    """Starts `len(slow)` processes of `train_together` (process i sleeping `slow[i]` s per
+    epoch) and sends SIGTERM to the last one only, once it prints that it trained epoch
+    `signal_after`. Each runs on one CPU device (`workers.cpu_env(1)`).
+
+    Returns:
+      (each process's exit status, the lines each printed).
+    Raises:
+      ValueError: fewer than 2 processes, a negative pace, or a directory that cannot be
+        written (naming the path), before any process starts.
+    """
+    from jaxloops.paths import writable_directory
+    from jaxloops.sharding import _free_port
+
+    if len(slow) < 2 or min(slow) < 0:
+        raise ValueError(f"need >= 2 processes and paces >= 0 s, got slow={slow}")
+    if not 1 <= signal_after < epochs:
+        raise ValueError(f"signal_after must be in [1, {epochs}), got {signal_after}")
+    directory = writable_directory(directory, "checkpoint directory")
+    port, processes = _free_port(), len(slow)
+    running = [
+        subprocess.Popen(
+            workers.command(
+                "checkpoint",
+                "together",
+                directory,
+                "--process",
+                i,
+                "--processes",
+                processes,
+                "--port",
+                port,
+                "--epochs",
+                epochs,
+                "--every",
+                every,
+                "--slow",
+                pace,
+                "--sizes",
+                sizes_arg,
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**workers.cpu_env(1), "JAX_ENABLE_COMPILATION_CACHE": "false"},
+        )  # fmt: skip
+        for i, pace in enumerate(slow)
+    ]
+    last, printed = running[-1], [[] for _ in running]
+    for line in last.stdout:
+        printed[-1].append(line.rstrip("\n"))
+        if printed[-1][-1] == f"process {processes - 1}: trained epoch {signal_after}":
+            os.kill(last.pid, signal.SIGTERM)  # this process only: the others learn from JAX
+    for i, process in enumerate(running[:-1]):
+        printed[i] = process.communicate(timeout=300)[0].splitlines()
+    return [p.wait(timeout=300) for p in running], printed
+
+
 def parse(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["train", "mesh-save", "mesh-restore"])
-    parser.add_argument("runs", nargs="+", help="MODEL:DIR for train, DIR for mesh-*")
+    parser.add_argument("command", choices=["train", "mesh-save", "mesh-restore", "together"])
+    parser.add_argument("runs", nargs="+", help="MODEL:DIR for train, DIR for mesh-*, together")
     parser.add_argument("--sizes", required=True, help="JSON of the loop, lm, checkpoint parts")
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--stop-at", type=int, default=None)
@@ -259,6 +383,9 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--devices", type=int, default=1, help="CPU devices (set by cpu_env)")
     parser.add_argument("--out", default=None, help=".npz file for the final leaves")
     parser.add_argument("--wait", type=float, default=0.0, help="mesh-restore: seconds to wait")
+    parser.add_argument("--process", type=int, default=0, help="together: this process")
+    parser.add_argument("--processes", type=int, default=2, help="together: how many")
+    parser.add_argument("--port", type=int, default=0, help="together: the coordinator's")
     return parser.parse_args(argv)
 
 
@@ -268,8 +395,21 @@ def main(argv=None) -> int:
     from jaxloops import checkpoint
 
     args = parse(argv)
-    workers.check_cpu_devices(args.devices)
+    if args.out is not None:
+        writable_file(args.out, "--out")  # before the run, not after it
     sizes = workers.sizes_from_json(args.sizes)
+    if args.command == "together":
+        (directory,) = args.runs
+        train_together(directory, args.process, args.processes, args.port, args.epochs,
+                       args.every, args.slow, sizes)  # fmt: skip
+        # Meet once more, then leave without tearing down the coordinator (as chapter 12's
+        # processes do: jax.distributed.shutdown() on CPU could abort it).
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("trained together")
+        sys.stdout.flush()
+        os._exit(0)
+    workers.check_cpu_devices(args.devices)
     if args.command == "train":
         stop_at = args.epochs if args.stop_at is None else args.stop_at
         state, runs = {}, {}

@@ -19,6 +19,7 @@ import time
 import jax
 
 from jaxloops import workers
+from jaxloops.paths import existing_directory, writable_directory, writable_file
 
 
 def train(checkpoints, shards, sizes, slow: float = 0.0, log=print) -> tuple[int, dict]:
@@ -26,7 +27,14 @@ def train(checkpoints, shards, sizes, slow: float = 0.0, log=print) -> tuple[int
 
     Returns:
       (the step it started from, the final {"params", "opt_state"}).
+    Raises:
+      ValueError: a checkpoint directory that cannot be written, a shard directory that does
+        not exist (naming the path), or a negative `slow`; before any work.
     """
+    writable_directory(checkpoints, "checkpoint directory")
+    existing_directory(shards, "shard directory")
+    if slow < 0:
+        raise ValueError(f"slow must be >= 0 seconds, got {slow}")
     # All of it on the CPU, the initialisation included: a parent on an accelerator that runs
     # this to compare with a worker process (on the CPU) then computes the same bits.
     with jax.default_device(jax.devices("cpu")[0]):
@@ -77,6 +85,8 @@ def main(argv=None) -> int:
     parser.add_argument("--slow", type=float, default=0.0, help="seconds to sleep per save")
     parser.add_argument("--out", default=None, help=".npz file for the final leaves")
     args = parser.parse_args(argv)
+    if args.out is not None:
+        writable_file(args.out, "--out")  # before the run, not after it
     workers.check_cpu_devices(1)
     sizes = workers.sizes_from_json(args.sizes).streaming
     log = lambda line: print(line, flush=True)
