@@ -24,7 +24,10 @@ def test_the_precision_field_is_the_runs_setting_and_absent_at_the_default():
     note = page.precision_note(highest, "highest")
     assert "`precision=(Precision.HIGHEST, Precision.HIGHEST)`" in note
     assert "`JAX_DEFAULT_MATMUL_PRECISION=highest`" in note
-    assert "carries no `precision` field:" in page.precision_note(printed_product(), None)
+    assert note.endswith("at JAX's default, as in a notebook of your own, the field is absent.")
+    default = page.precision_note(printed_product(), None)
+    assert default.startswith("Its `dot_general` carries no `precision` field:")
+    assert default.count(".") == 1  # one sentence: the details are the page's dropdown
     # Known-wrong: a printout and a setting that disagree would make the sentence false.
     with pytest.raises(ValueError, match="no default precision set"):
         page.precision_note(highest, None)
@@ -47,6 +50,8 @@ def test_the_update_sentence_says_the_gradient_is_fused_only_where_a_product_is(
     assert "computed inside this kernel, which writes a tuple of three" in fused
     apart = page.update_sentence("add, divide, multiply, sqrt, subtract", "f32[256,256]")
     assert apart.endswith("run before it, and it writes one f32[256,256] array")
+    # Shown as plain text where the chip's record is read: no Markdown in it.
+    assert "`" not in fused and "`" not in apart
     # A name that merely contains the word is not the operation.
     assert "run before it" in page.update_sentence("convolution-like, add", "f32[7,11]")
 

@@ -15,8 +15,9 @@ def precision_fields(jaxpr_text: str) -> list[str]:
 
 
 def precision_note(jaxpr_text: str, setting: str | None) -> str:
-    """Where the `precision` field of a printed jaxpr's `dot_general` comes from, as a
-    sentence: this run's `jax_default_matmul_precision` (`setting`; None for JAX's default).
+    """Where the `precision` field of a printed jaxpr's `dot_general` comes from, as one
+    Markdown sentence: this run's `jax_default_matmul_precision` (`setting`; None for JAX's
+    default).
 
     Raises ValueError where the printout and the setting disagree (a field with no setting,
     or a setting that printed no field): the sentence would be false."""
@@ -28,18 +29,13 @@ def precision_note(jaxpr_text: str, setting: str | None) -> str:
     if not fields:
         return (
             "Its `dot_general` carries no `precision` field: this run multiplies at JAX's "
-            "default matmul precision, as a notebook of your own does. The book's build sets "
-            "`JAX_DEFAULT_MATMUL_PRECISION=highest`, so that float32 products are float32 on "
-            "every backend, and its printout carries `precision=(Precision.HIGHEST, "
-            "Precision.HIGHEST)`"
+            "default matmul precision, as a notebook of your own does."
         )
     shown = " and ".join(f"`precision={field}`" for field in fields)
     return (
-        f"Its `dot_general` carries {shown} because this run sets "
-        f"`JAX_DEFAULT_MATMUL_PRECISION={setting}`, as the book's build does so that float32 "
-        "products are float32 on every backend (not TF32 on a GPU, nor one bfloat16 pass on a "
-        "TPU). At JAX's default, as in a notebook of your own, `make chapter` or the chip's "
-        "record, the jaxpr carries no `precision` field"
+        f"Its `dot_general` carries {shown} only because this run sets "
+        f"`JAX_DEFAULT_MATMUL_PRECISION={setting}`; at JAX's default, as in a notebook of your "
+        "own, the field is absent."
     )
 
 
@@ -58,13 +54,14 @@ def fusion_output(shape: str) -> str:
 
 
 def update_sentence(ops: str, shape: str) -> str:
-    """What the fusion that applies Adam's update to a weight matrix does besides, as a
-    clause: whether it computes the weights' gradient itself (a `convolution`, XLA:TPU's
-    matrix product, among its operations `ops`) and what it writes (`shape`)."""
+    """What the fusion that applies Adam's update to a weight matrix does besides, as a plain
+    clause (no Markdown: the chip's copy is shown as text): whether it computes the weights'
+    gradient itself (a `convolution`, XLA:TPU's matrix product, among its operations `ops`)
+    and what it writes (`shape`)."""
     written = fusion_output(shape)
     if "convolution" in [op.strip() for op in ops.split(",")]:
         return (
-            "the weights' gradient, a matrix product (`convolution`, XLA:TPU's name for one), "
+            "the weights' gradient, a matrix product (a convolution, XLA:TPU's name for one), "
             f"is computed inside this kernel, which writes {written}: the new weights and both "
             "moments. The gradient never goes to memory"
         )
