@@ -471,7 +471,13 @@ def test_path_arguments_are_checked_before_any_work(tmp_path):
             read(tmp_path / "a-file")
     with pytest.raises(ValueError, match="seconds must be >= 0"):
         checkpoint_worker.wait_for_checkpoint(tmp_path, -1)
-    assert not (tmp_path / "no").exists()
+    run = None  # the worker's train refuses before it builds or installs anything
+    with pytest.raises(ValueError, match="parent .*no does not exist"):
+        checkpoint_worker.train("mlp", run, tmp_path / "no" / "such", 3, 1, 0.0)
+    with pytest.raises(ValueError, match="need slow >= 0 s and stop_at >= 1, got -1"):
+        checkpoint_worker.train("mlp", run, tmp_path / "ok", 3, 1, -1.0)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert not (tmp_path / "no").exists() and not (tmp_path / "ok").exists()
 
 
 def test_the_save_interval_writes_only_its_multiples(tmp_path):

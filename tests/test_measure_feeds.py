@@ -19,3 +19,18 @@ def test_the_prediction_overlaps_only_with_free_cores():
 def test_idle_share_is_the_time_no_device_span_was_open():
     spans = [Span("device", "a", 0.0, 1.0), Span("device", "b", 0.5, 2.0), Span("wait", "w", 0, 4)]
     assert feeds.idle_share(spans) == pytest.approx(0.5)
+
+
+def test_bad_counts_and_times_are_refused_by_name():
+    with pytest.raises(ValueError, match="no spans"):
+        feeds.idle_share([])
+    for args, message in [
+        ((-1.0, 1.0, 5, 1.0, 1.0), "h=-1.0"),
+        ((1.0, -1.0, 5, 1.0, 1.0), "d=-1.0"),
+        ((1.0, 1.0, 5, 0.0, 1.0), "shares 0.0, 1.0"),
+        ((1.0, 1.0, 0, 1.0, 1.0), "steps must be >= 1, got 0"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            feeds.predicted_feed_seconds(*args)
+    with pytest.raises(ValueError, match="rounds must be >= 1, got 0"):
+        feeds.time_feeds(None, None, rounds=0)

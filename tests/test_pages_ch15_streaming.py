@@ -1,5 +1,7 @@
 """Chapter 15's page: the feed checks reject what the timed feeds contradict."""
 
+import pytest
+
 from jaxloops.pages import ch15_streaming as page
 
 
@@ -20,3 +22,10 @@ def test_the_feed_checks_reject_a_wrong_prediction():
     # A prefetched step faster than full overlap allows.
     too_fast = {**right, "prefetched": rounds(0.5 * max(h, d), 2.0, 1.0)}
     assert page.feed_failures(too_fast, steps, 0.4)[0].startswith("prefetched")
+
+
+def test_bad_steps_and_bands_are_refused_by_name():
+    samples = {name: [1.0] for name in ("host_alone", "on_device", "streamed", "prefetched")}
+    for steps, band in [(0, 0.4), (10, -0.1), (10, 1.0)]:
+        with pytest.raises(ValueError, match=f"steps={steps}, band={band}"):
+            page.feed_failures(samples, steps, band)

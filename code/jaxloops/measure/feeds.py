@@ -42,6 +42,8 @@ def step_phases(step, params, opt_state, batches, steps: int) -> dict[str, float
 
 def idle_share(spans) -> float:
     """Share of a trace's length during which no span of the "device" row was open."""
+    if not spans:
+        raise ValueError("no spans: the trace recorded nothing")
     length = max(span.end for span in spans) - min(span.start for span in spans)
     return 1.0 - busy_seconds(spans, "device") / length
 
@@ -57,6 +59,9 @@ def predicted_feed_seconds(
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    if host < 0 or device < 0 or host_share <= 0 or device_share <= 0:
+        raise ValueError(f"need h, d >= 0 s and shares > 0, got h={host}, d={device}, "
+                         f"shares {host_share}, {device_share}")  # fmt: skip
     overlapped = predicted_step_seconds(host, device, 1, host_share, device_share)["never fetch"]
     return {
         "on_device": device,
@@ -69,6 +74,8 @@ def time_feeds(runs, device_work, *, rounds: int):
     """Seconds of every timed call of each feed of `runs` (a `streaming.Feeds`), the feeds
     in turn, `rounds` times (`interleaved_samples`), and the core shares
     (`core_shares(device_work)`), the mean of one measurement before the rounds and one after."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     named = {field.name: getattr(runs, field.name) for field in dataclasses.fields(runs)}
     jax.block_until_ready(device_work())  # compiled first: core_shares sizes its loops by it
     before = core_shares(device_work, tries=2)

@@ -22,6 +22,8 @@ def feed_failures(samples: dict[str, list[float]], steps: int, band: float) -> l
     at all, between full overlap, max(h, d), and none, h + d, widened by `band`: its own
     prediction rests on core shares measured before and after the rounds, not during them.
     """
+    if steps < 1 or not 0 <= band < 1:
+        raise ValueError(f"need steps >= 1 and 0 <= band < 1, got steps={steps}, band={band}")
     serial = serial_ratio(samples)
     h, d = (float(np.median(samples[name])) / steps for name in ("host_alone", "on_device"))
     prefetched = float(np.median(samples["prefetched"])) / steps

@@ -118,7 +118,11 @@ def train(model: str, run: Experiment, directory: str, stop_at: int, keep_last: 
     on any machine however busy."""
     import jaxloops
     from jaxloops import checkpoint
+    from jaxloops.paths import writable_directory
 
+    writable_directory(directory, "checkpoint directory")  # before the handler or any work
+    if slow < 0 or stop_at < 1:
+        raise ValueError(f"need slow >= 0 s and stop_at >= 1, got {slow}, {stop_at}")
     notices = []
     signal.signal(signal.SIGTERM, lambda signum, frame: notices.append(signum))
     manager = checkpoint.checkpoint_manager(directory, keep_last=keep_last, every=every)
