@@ -1,10 +1,11 @@
-"""Chapter 16: the chapter-5 MLP and its train step in Flax NNX, in two forms.
+"""Chapter 16: the chapter-5 MLP and its train step in Flax NNX, in several forms.
 
 `MLP` is an `nnx.Module` holding the same layers as `init_mlp`'s pytree, built from those
 very arrays, so both start from identical values. The step is written once (`nnx_update`)
-and compiled two ways: by `nnx.jit`, which takes the module and the optimizer as they are,
-and by `jax.jit` around `nnx.merge` / `nnx.split`, where only a pytree of arrays crosses the
-jit boundary.
+and compiled several ways (`FORMS`, `form_step`): by `nnx.jit`, which takes the module and
+the optimizer as they are, in graph mode or tree mode (`graph=False`), with or without them
+bound once (`nnx.cached_partial`, `nnx.jit_partial`); and by `jax.jit` around `nnx.merge` /
+`nnx.split`, where only a pytree of arrays crosses the jit boundary.
 """
 
 import jax
@@ -97,67 +98,93 @@ def nnx_optimizer(model: MLP, tx: optax.GradientTransformation) -> nnx.Optimizer
     return nnx.Optimizer(model, tx, wrt=nnx.Param)
 
 
-def form_loops(params, tx: optax.GradientTransformation, batch: Batch, steps: int) -> dict:
+# Tree mode: the module and optimizer cross nnx.jit as plain pytrees, flattened by JAX,
+# without graph mode's walk that finds shared Variables (this MLP shares none).
+tree_jit_step = nnx.jit(nnx_update, donate_argnums=(0, 1), graph=False)
+
+# Every NNX form of the step that `form_step` builds, in the order the chapter shows them.
+FORMS = (
+    "nnx.jit",
+    "nnx.cached_partial",
+    "nnx.jit(graph=False)",
+    "nnx.jit_partial(graph=False)",
+    "split/merge",
+)
+
+
+def form_step(params, tx: optax.GradientTransformation, form: str):
+    """One of `FORMS` on a fresh module built from `params`, each donating its state:
+
+    - "nnx.jit": the module and optimizer passed as objects on every call (graph mode);
+    - "nnx.cached_partial": the same step with them bound once and their graph walk cached;
+    - "nnx.jit(graph=False)": passed as objects, flattened as pytrees (tree mode);
+    - "nnx.jit_partial(graph=False)": bound once and flattened once (tree mode);
+    - "split/merge": only their state, a pytree of arrays, crosses `jax.jit`.
+
+    Returns:
+      (`step(batch) -> loss`, `weights() -> init_mlp's dict` after the steps so far).
+    """
+    if form not in FORMS:
+        raise ValueError(f"unknown form {form!r}; expected one of {FORMS}")
+    model = MLP(params)
+    optimizer = nnx_optimizer(model, tx)
+    if form == "split/merge":
+        functional, state = make_functional_step(model, optimizer)
+        held = [state]
+
+        def step(batch):
+            held[0], loss = functional(held[0], batch)
+            return loss
+
+        return step, lambda: functional_params(held[0])
+    if form == "nnx.jit":
+        step = lambda batch: nnx_jit_step(model, optimizer, batch)
+    elif form == "nnx.jit(graph=False)":
+        step = lambda batch: tree_jit_step(model, optimizer, batch)
+    elif form == "nnx.cached_partial":
+        step = nnx.cached_partial(nnx_jit_step, model, optimizer)
+    else:  # the bound arguments are jit_partial's argument 0: donate them
+        step = nnx.jit_partial(nnx_update, model, optimizer, donate_argnums=0, graph=False)
+    return step, lambda: to_pytree(model)
+
+
+def form_loops(
+    params, tx: optax.GradientTransformation, batch: Batch, steps: int, forms=FORMS
+) -> dict:
     """`steps` steps on one batch in each form, each loop `() -> its last loss`: the book's
-    pytree step under `jax.jit`, the NNX step under `nnx.jit`, the same with the module and
-    optimizer bound by `nnx.cached_partial` (Flax's cache of their graph traversal), and the
-    functional NNX step under `jax.jit`. Every form donates its state, so none copies it."""
+    pytree step under `jax.jit` ("pytree"), then each of `forms` (some of `FORMS`, built by
+    `form_step`). Every form donates its state, so none copies it."""
     from jaxloops.mlp import mlp_loss
     from jaxloops.train import make_train_step
 
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    unknown = [form for form in forms if form not in FORMS]
+    if unknown:
+        raise ValueError(f"unknown forms {unknown}; expected some of {FORMS}")
     pytree_step = jax.jit(make_train_step(mlp_loss, tx), donate_argnums=(0, 1))
-    copy = lambda tree: jax.tree.map(lambda a: a.copy(), tree)
-    pytree = [copy(params), tx.init(params)]
-    model = MLP(params)
-    optimizer = nnx_optimizer(model, tx)
-    other = MLP(params)
-    functional_step, state = make_functional_step(other, nnx_optimizer(other, tx))
-    functional = [state]
-    cached_model = MLP(params)
-    cached_step = nnx.cached_partial(nnx_jit_step, cached_model, nnx_optimizer(cached_model, tx))
+    pytree = [jax.tree.map(lambda a: a.copy(), params), tx.init(params)]
 
     def run_pytree():
         for _ in range(steps):
             pytree[0], pytree[1], metrics = pytree_step(*pytree, batch)
         return metrics["loss"]
 
-    def run_nnx_jit():
-        for _ in range(steps):
-            loss = nnx_jit_step(model, optimizer, batch)
-        return loss
+    def looped(step):
+        def run():
+            for _ in range(steps):
+                loss = step(batch)
+            return loss
 
-    def run_cached():
-        for _ in range(steps):
-            loss = cached_step(batch)
-        return loss
+        return run
 
-    def run_functional():
-        for _ in range(steps):
-            functional[0], loss = functional_step(functional[0], batch)
-        return loss
-
-    return {
-        "pytree": run_pytree,
-        "nnx.jit": run_nnx_jit,
-        "nnx.cached_partial": run_cached,
-        "split/merge": run_functional,
-    }
+    return {"pytree": run_pytree} | {f: looped(form_step(params, tx, f)[0]) for f in forms}
 
 
 def nnx_steps(params, tx: optax.GradientTransformation, batches, form: str) -> dict:
-    """The weights after one step per batch in `form` ("nnx.jit" or "split/merge"), from a
-    module built from `params`, as `init_mlp`'s dict."""
-    if form not in ("nnx.jit", "split/merge"):
-        raise ValueError(f"unknown form {form!r}; expected 'nnx.jit' or 'split/merge'")
-    model = MLP(params)
-    optimizer = nnx_optimizer(model, tx)
-    if form == "nnx.jit":
-        for batch in batches:
-            nnx_jit_step(model, optimizer, batch)
-        return to_pytree(model)
-    step, state = make_functional_step(model, optimizer)
+    """The weights after one step per batch in `form` (one of `FORMS`), from a module built
+    from `params`, as `init_mlp`'s dict."""
+    step, weights = form_step(params, tx, form)
     for batch in batches:
-        state, _ = step(state, batch)
-    return functional_params(state)
+        step(batch)
+    return weights()
