@@ -2,8 +2,8 @@
 per-call work dominates and at one where the step's compute does.
 
 A form's per-call overhead is its time per step less the pytree step's at the same batch. The
-large batch is found by measurement (`compute_bound_batch`): the smallest power-of-two batch
-whose pytree step takes at least `factor` times `nnx.jit`'s overhead, on whatever machine runs
+large batch is found by measurement (`compute_bound_batch`): doubling from a start until the
+pytree step takes at least `factor` times `nnx.jit`'s overhead, on whatever machine runs
 the page (a chip computes the small batch far faster than two CPU cores, so no fixed size
 would do on both).
 """
