@@ -471,6 +471,12 @@ def test_path_arguments_are_checked_before_any_work(tmp_path):
             read(tmp_path / "a-file")
     with pytest.raises(ValueError, match="seconds must be >= 0"):
         checkpoint_worker.wait_for_checkpoint(tmp_path, -1)
+    manager = save_steps(tmp_path / "saved", [2], keep_last=1)
+    assert checkpoint.checkpoint_bytes(manager, 2) > 0
+    with pytest.raises(ValueError, match="step 5 is not on disk: no directory .*saved/5"):
+        checkpoint.checkpoint_bytes(manager, 5)
+    with pytest.raises(ValueError, match="step 5 is not on disk: no directory .*saved/5/state"):
+        checkpoint.stored_shardings(tmp_path / "saved", 5)
     run = None  # the worker's train refuses before it builds or installs anything
     with pytest.raises(ValueError, match="parent .*no does not exist"):
         checkpoint_worker.train("mlp", run, tmp_path / "no" / "such", 3, 1, 0.0)

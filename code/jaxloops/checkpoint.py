@@ -274,8 +274,12 @@ def check_structure(saved, target, step: int) -> None:
 
 
 def checkpoint_bytes(manager: ocp.CheckpointManager, step: int) -> int:
-    """Bytes on disk of checkpoint `step`, every file counted."""
-    files = (pathlib.Path(manager.directory) / str(step)).rglob("*")
+    """Bytes on disk of checkpoint `step`, every file counted; a ValueError naming the
+    step's directory if it is not on disk (not 0 bytes)."""
+    directory = pathlib.Path(manager.directory) / str(step)
+    if not directory.is_dir():
+        raise ValueError(f"checkpoint step {step} is not on disk: no directory {directory}")
+    files = directory.rglob("*")
     return sum(path.stat().st_size for path in files if path.is_file())
 
 
@@ -295,6 +299,8 @@ def stored_shardings(directory, step: int) -> dict[str, dict]:
     `flat_arrays` names it) -> the `_sharding` record (its "sharding_type", "axis_names",
     "partition_spec", "device_mesh") plus the "chunk_shape" each device wrote."""
     state = existing_directory(directory, "checkpoint directory") / str(step) / "state"
+    if not state.is_dir():
+        raise ValueError(f"checkpoint step {step} is not on disk: no directory {state}")
     records = json.loads((state / "_sharding").read_text())
     found = {base64.b64decode(k).decode(): json.loads(v) for k, v in records.items()}
     for path in (state / "array_metadatas").iterdir():
