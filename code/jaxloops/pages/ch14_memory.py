@@ -125,24 +125,65 @@ def ratio_range(rows, axis: str) -> tuple[float, float]:
     return min(ratios), max(ratios)
 
 
+def allocator_footprint(before: dict | None, after: dict | None) -> dict | None:
+    """What the device's allocator says a run held, from `memory_stats()` taken `before` and
+    `after` it (None where the backend reports none, as on a CPU).
+
+    Arrays sit in `bytes_in_use`; a TPU keeps a compiled program's temporaries outside it, in
+    memory it reserves (`bytes_reserved`, with its own peak), where a GPU's allocator counts
+    them in use. The run's footprint is its arrays (in use after, less in use before) plus
+    the reserve where the backend reports one and the run raised its peak; None where the
+    run did not raise the peak it reads, which then belongs to something earlier.
+
+    Returns:
+      {"in_use_before", "peak_in_use", "reserved" (None where not reported), "footprint",
+      "counters" (the names read)}, in bytes; None without statistics.
+    """
+    if after is None or "peak_bytes_in_use" not in after:
+        return None
+    before = before or {}
+    peak, in_use = after["peak_bytes_in_use"], before.get("bytes_in_use", 0)
+    arrays = after.get("bytes_in_use", peak) - in_use  # the run's own arrays, still alive
+    if "bytes_reserved" in after or "peak_bytes_reserved" in after:
+        reserved = after.get("peak_bytes_reserved", after.get("bytes_reserved"))
+        earlier = before.get("peak_bytes_reserved", before.get("bytes_reserved", 0))
+        counters = ("bytes_in_use", "peak_bytes_in_use", "peak_bytes_reserved")
+        footprint = arrays + reserved if reserved > earlier else None
+    else:  # temporaries counted in use: the run's peak, if it set one
+        reserved, counters = None, ("bytes_in_use", "peak_bytes_in_use")
+        raised = peak > before.get("peak_bytes_in_use", 0)
+        footprint = peak - in_use if raised else None
+    return {"in_use_before": in_use, "peak_in_use": peak, "reserved": reserved,
+            "footprint": footprint, "counters": counters}  # fmt: skip
+
+
 def run_memory_sentence(run: dict, budget: int) -> str:
     """What the device reported about the run of `largest_fit.run_train_step`, as a
-    sentence: its allocator's peak against the budget, or that the backend reports none."""
-    before, after = run["before"], run["after"]
-    if after is None or "peak_bytes_in_use" not in after:
+    sentence: the run's footprint by `allocator_footprint` against the budget, naming the
+    counters read, or that the backend reports none."""
+    seen = allocator_footprint(run["before"], run["after"])
+    if seen is None:
         return (
             "This backend reports no allocator statistics (memory_stats() is None, as on a "
             "CPU), so the run's peak cannot be shown: what is shown is that it completed."
         )
-    peak, earlier = after["peak_bytes_in_use"], (before or {}).get("peak_bytes_in_use", 0)
-    in_use = (before or {}).get("bytes_in_use", 0)
     said = (
-        f"The device's allocator reported a peak of {peak / MiB:,.0f} MiB in use after the "
-        f"run, {peak / budget:.2f}× the budget, with {in_use / MiB:,.0f} MiB in use before it"
+        f"The device's allocator reported a peak of {seen['peak_in_use'] / MiB:,.0f} MiB of "
+        f"arrays in use (peak_bytes_in_use; {seen['in_use_before'] / MiB:,.0f} MiB of them in "
+        "use before the run)"
     )
-    if peak > earlier:
-        return said + ": the run set that peak."
-    return said + f": the run did not raise the peak set earlier ({earlier / MiB:,.0f} MiB)."
+    if seen["reserved"] is not None:
+        said += (
+            f" and {seen['reserved'] / MiB:,.0f} MiB reserved (peak_bytes_reserved), where "
+            "this backend keeps a compiled program's temporaries, outside bytes_in_use"
+        )
+    if seen["footprint"] is None:
+        return said + ": the run did not raise the peak it reads, so its own is not shown."
+    parts = "its arrays and that reserve" if seen["reserved"] is not None else "its peak"
+    return said + (
+        f". The run's footprint, {parts}, is {seen['footprint'] / MiB:,.0f} MiB, "
+        f"{seen['footprint'] / budget:.2f}× the budget."
+    )
 
 
 def loss_scaling_claims(gaps: dict, bound: float, subnormals: dict, lost: float) -> dict[str, bool]:
@@ -192,8 +233,8 @@ def loss_scaling_sentence(
     measured: inside or outside the bound, the share of gradients `lost` (as in
     `loss_scaling_claims`), and which probes kept a float16 subnormal (`subnormals`).
     `below`: the share of the parameters' nonzero float32 gradients of W x loss that, at
-    the run's starting scale, lie below float16's smallest normal number; `start`: that
-    starting scale, a power of two."""
+    the run's scale, lie below float16's smallest normal number; `start`: that scale, a
+    power of two, at which the run is held."""
     scaled, alone, bound_pc = 100 * gaps["scaled"], 100 * gaps["alone"], 100 * bound
     at = power_of_two(math.log2(start))
     zero = (
@@ -209,13 +250,13 @@ def loss_scaling_sentence(
     )
     if gaps["scaled"] <= bound:
         return (
-            f"Started at {at}, with the same growth interval, the float16 run's loss stays "
+            f"Held at {at} (its growth interval longer than the run), the float16 run's loss stays "
             f"within {scaled:.2f} % of float32's at every epoch (the bound is 16 float16 "
             f"roundings, {bound_pc:.1f} %; float16 alone is {alone:.1f} % away at its worst). "
             f"{probes}, and {zero}."
         )
     return (
-        f"Started at {at}, the float16 run's loss ends up {scaled:.1f} % from float32's at "
+        f"Held at {at}, the float16 run's loss ends up {scaled:.1f} % from float32's at "
         f"its worst epoch. That is outside the bound of 16 float16 roundings ({bound_pc:.1f} "
         f"%), though closer than float16 alone ({alone:.1f} %): {zero}. Scaled by {at}, "
         f"{100 * below:.0f} % of the parameters' gradients of W × loss still lie below "
@@ -225,6 +266,63 @@ def loss_scaling_sentence(
             if flushed
             else ", so the backward pass loses them elsewhere; this page does not measure where."
         )
+    )
+
+
+def scale_rows(hooks, skipped, start: float, steps_per_epoch: int) -> list[dict]:
+    """A loss-scaled `fit` run's scale over its steps: {"step", "log2 scale", "skipped"} at
+    its start and at the end of each epoch, from the hook's records (`History.hooks`:
+    (epoch, {"scale": ...}) per epoch) and the per-epoch means of the step's "skipped" metric
+    (`skipped`), counted up to that step."""
+    if len(hooks) != len(skipped):
+        raise ValueError(f"{len(hooks)} hook records for {len(skipped)} epochs of metrics")
+    rows, so_far = [{"step": 0, "log2 scale": math.log2(start), "skipped": 0}], 0
+    for (epoch, seen), mean in zip(hooks, skipped):
+        so_far += int(round(float(mean) * steps_per_epoch))
+        rows.append({"step": epoch * steps_per_epoch, "log2 scale": math.log2(seen["scale"]),
+                     "skipped": so_far})  # fmt: skip
+    return rows
+
+
+def scale_plot(runs: dict):
+    """Two panels over the steps, one line per run (`runs`: name -> `scale_rows`): the loss
+    scale (log2) and the steps skipped so far."""
+    fig, axes = subplots(1, 2, figsize=(9, 3.2))
+    for name, rows in runs.items():
+        steps = [r["step"] for r in rows]
+        axes[0].plot(steps, [r["log2 scale"] for r in rows], "o-", ms=3, label=name)
+        axes[1].plot(steps, [r["skipped"] for r in rows], "o-", ms=3, label=name)
+    axes[0].set_ylabel("log2 of the loss scale")
+    axes[1].set_ylabel("steps skipped so far")
+    for ax in axes:
+        ax.set_xlabel("step")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def growing_scale_sentence(
+    gaps: dict, bound: float, start: float, final: float, skipped: int
+) -> str:
+    """What the run with a float32 loss and a growing scale did, as the page's sentence: the
+    scale from `start` to `final` (powers of two), the steps `skipped`, and its loss against
+    float32's (`gaps`: "worst" and "last" epoch, relative) inside or outside `bound`."""
+    if final <= start:
+        raise ValueError(f"the scale did not rise: from {start} to {final}")
+    moved = (
+        f"From {power_of_two(math.log2(start))} the scale rose to "
+        f"{power_of_two(math.log2(final))} by the last step, with {skipped} "
+        f"step{'s' * (skipped != 1)} skipped"
+    )
+    worst, last, bound_pc = 100 * gaps["worst"], 100 * gaps["last"], 100 * bound
+    if gaps["worst"] <= bound:
+        return (
+            f"{moved}, and the run's loss stays within {worst:.2f} % of float32's at every "
+            f"epoch, inside the bound of 16 float16 roundings ({bound_pc:.1f} %)."
+        )
+    return (
+        f"{moved}; the run's loss ends {last:.1f} % from float32's and is {worst:.1f} % away "
+        f"at its worst epoch, outside the bound of 16 float16 roundings ({bound_pc:.1f} %)."
     )
 
 
@@ -260,12 +358,18 @@ def fit_numbers(rows) -> dict:
 def run_numbers(run: dict, row: dict, budget: int) -> dict:
     """The numbers the prose quotes from a run of `largest_fit.run_train_step` at the L of
     the table's `row`: its loss, its program's held MiB, those over the held bytes the search
-    counted at that L, and `run_memory_sentence` (None for what the run did not reach)."""
+    counted at that L, the allocator's footprint (`allocator_footprint`) in MiB and over the
+    held bytes, and `run_memory_sentence` (None for what the run did not reach or the
+    backend does not report)."""
     searched = row["held / budget at L"] and row["held / budget at L"] * budget
     held = run["step_held"]
+    seen = allocator_footprint(run["before"], run["after"])
+    footprint = seen and seen["footprint"]
     return {
         "run_loss": run["loss"],
         "run_held": held and held / MiB,
         "run_over_search": held / searched if held and searched else None,
+        "run_footprint": footprint and footprint / MiB,
+        "run_footprint_over_held": footprint / held if footprint and held else None,
         "run_memory": run_memory_sentence(run, budget),
     }
