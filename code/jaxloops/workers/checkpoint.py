@@ -284,10 +284,10 @@ def train_together(directory, process: int, processes: int, port: int, epochs: i
     jax.distributed.initialize(
         coordinator_address=f"localhost:{port}", num_processes=processes, process_id=process
     )
-    run = experiment("mlp", sizes, jax.local_devices()[0])
+    run = experiment("mlp", sizes, jax.local_devices(backend="cpu")[0])
     # One array over all processes' devices, the same values in each: no process waits for
     # another while it trains (no collective), so each goes at its own pace.
-    mesh = jax.make_mesh((processes,), ("processes",), devices=jax.devices())
+    mesh = jax.make_mesh((processes,), ("processes",), devices=jax.devices("cpu"))
     replicated = jax.NamedSharding(mesh, jax.P())
     everywhere = lambda a: jax.make_array_from_process_local_data(replicated, np.asarray(a))
     key = jax.random.wrap_key_data(everywhere(jax.random.key_data(run.key)))
@@ -326,40 +326,28 @@ def preempt_together(
       ValueError: fewer than 2 processes, a negative pace, or a directory that cannot be
         written (naming the path), before any process starts.
     """
+    import socket
+
     from jaxloops.paths import writable_directory
-    from jaxloops.sharding import _free_port
 
     if len(slow) < 2 or min(slow) < 0:
         raise ValueError(f"need >= 2 processes and paces >= 0 s, got slow={slow}")
     if not 1 <= signal_after < epochs:
         raise ValueError(f"signal_after must be in [1, {epochs}), got {signal_after}")
     directory = writable_directory(directory, "checkpoint directory")
-    port, processes = _free_port(), len(slow)
+    with socket.socket() as probe:  # a port the coordinator can listen on
+        probe.bind(("localhost", 0))
+        port = probe.getsockname()[1]
+    processes = len(slow)
+    flags = ["--processes", processes, "--port", port, "--epochs", epochs, "--every", every]
+    command = lambda i, pace: workers.command(  # noqa: E731 - one process's command line
+        "checkpoint", "together", directory, "--process", i, *flags, "--slow", pace,
+        "--sizes", sizes_arg,
+    )  # fmt: skip
+    env = {**workers.cpu_env(1), "JAX_ENABLE_COMPILATION_CACHE": "false"}
     running = [
         subprocess.Popen(
-            workers.command(
-                "checkpoint",
-                "together",
-                directory,
-                "--process",
-                i,
-                "--processes",
-                processes,
-                "--port",
-                port,
-                "--epochs",
-                epochs,
-                "--every",
-                every,
-                "--slow",
-                pace,
-                "--sizes",
-                sizes_arg,
-            ),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env={**workers.cpu_env(1), "JAX_ENABLE_COMPILATION_CACHE": "false"},
+            command(i, pace), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
         )  # fmt: skip
         for i, pace in enumerate(slow)
     ]
