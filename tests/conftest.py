@@ -97,6 +97,19 @@ def start_jax() -> None:
 # Shared by the test modules (`from conftest import normal, SMALL_TRANSFORMER`): one copy.
 
 
+def printed_report(args: list[str], env: dict, timeout: float) -> dict:
+    """Runs `python args...` and returns the JSON it printed on a line starting REPORT
+    (the probes of the sharding tests), failing with the end of its stderr."""
+    import subprocess
+
+    run = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    line = next(line for line in run.stdout.splitlines() if line.startswith("REPORT"))
+    return json.loads(line[len("REPORT") :])
+
+
 def normal(shape, seed=0, dtype=np.float32):
     """Standard-normal test data from NumPy (no sampler to compile per shape)."""
     return np.random.default_rng(seed).standard_normal(shape, np.float32).astype(dtype)

@@ -1,14 +1,11 @@
 """Explicit sharding (chapter 12): FSDP's gather with `reduced`, the gradient types it gives,
 and the bytes a device holds. These need 8 devices, so they run in a process of their own."""
 
-import json
-import subprocess
-import sys
-
 import jax
 import numpy as np
 import pytest
 
+from conftest import printed_report
 from jaxloops import explicit, workers
 from jaxloops.measure import held
 
@@ -47,16 +44,7 @@ print("REPORT" + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def report():
-    run = subprocess.run(
-        [sys.executable, "-c", PROBE],
-        capture_output=True,
-        text=True,
-        env=workers.cpu_env(8),
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    line = next(line for line in run.stdout.splitlines() if line.startswith("REPORT"))
-    return json.loads(line[len("REPORT") :])
+    return printed_report(["-c", PROBE], workers.cpu_env(8), timeout=300)
 
 
 def test_reduced_gather_leaves_the_gradient_unreduced(report):

@@ -5,17 +5,14 @@ pytest's process has already started JAX, with one default device (or a GPU), so
 with 8 devices, that reports what it measured as JSON; each test asserts one property of it.
 """
 
-import json
 import pathlib
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 
 import jaxloops
-from conftest import once_per_session
+from conftest import once_per_session, printed_report
 from jaxloops import fsdp, sharding, tensor_parallel, workers
 from jaxloops.measure import comms
 
@@ -23,16 +20,7 @@ PROBE = pathlib.Path(__file__).with_name("sharding_probe.py")
 
 
 def run_probe(out) -> dict:
-    run = subprocess.run(
-        [sys.executable, str(PROBE), str(out)],
-        capture_output=True,
-        text=True,
-        env=workers.cpu_env(8),
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    line = next(line for line in run.stdout.splitlines() if line.startswith("REPORT"))
-    return json.loads(line[len("REPORT") :])
+    return printed_report([str(PROBE), str(out)], workers.cpu_env(8), timeout=600)
 
 
 @pytest.fixture(scope="module")
