@@ -304,10 +304,9 @@ def _record_nodes(directive, device, chapter_stem):
     if names:
         out.append(para("The sentences this page's prose glues, as this run computed them:"))
         items = nodes.bullet_list()
-        for name, text in glued_values(notebook, names):
-            item = nodes.paragraph()
-            item += [nodes.literal(text=name), nodes.Text(f": {text}")]
-            items += nodes.list_item("", item)
+        for name in names:  # a sentence reads alone: no glue key before it
+            text = chip_text(notebook, name, "", stale=False)  # "not yet recorded" if absent
+            items += nodes.list_item("", nodes.paragraph(text=text))
         out.append(items)
     labelled = None
     for section, cell in zip(cell_sections(notebook), notebook["cells"]):
