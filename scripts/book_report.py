@@ -24,9 +24,11 @@ FORBIDDEN = {
     "a goal stated on the page": r"\bThe goal is\b",
     "a goal's verdict on the page": r"\bnot applicable here\b",
     "an issue's number": r"\b[Ii]ssues?\s+#?\d+",
-    "the project's device time": r"\bdevice time\b",
+    "the project's device time": r"\b(?:project|session)(?:'s|’s)? device time\b",
     "how device time is shared out": r"\bration(?:ed|ing)\b",
 }
+# Where a goal's words belong: build_info's goals table, not a chapter.
+GOAL_WORDS = ("a goal stated on the page", "a goal's verdict on the page")
 HIDDEN = ["details", "div.dropdown", "div.toggle-hidden", "div.tag_hide-input div.cell_input",
           "script", "style", "a.headerlink", "button"]  # fmt: skip
 

@@ -13,13 +13,19 @@ import book_report  # noqa: E402 - scripts/ is put on the path just above
 
 
 def test_no_page_states_a_goal_an_issue_or_the_projects_workings(site_root):
+    """No page names an issue or the project's device time; no page but the build
+    information's goals table (where each goal's verdict belongs) states a goal."""
     found = []
     for path in site_pages(site_root):
         if path.startswith(("genindex", "search")):
             continue
         text = book_report.page_text((site_root / path).read_text())
-        found += [f"{path}: {what}: …{passage}…" for what, passage in book_report.forbidden(text)]
+        for what, passage in book_report.forbidden(text):
+            if not (path == "book/build_info.html" and what in book_report.GOAL_WORDS):
+                found.append(f"{path}: {what}: …{passage}…")
     assert found == []
+    chapters = [p for p in site_pages(site_root) if p.startswith("book/") and p[5:7].isdigit()]
+    assert len(chapters) >= 18  # the check read the chapters, not an empty site
 
 
 @pytest.mark.parametrize(
