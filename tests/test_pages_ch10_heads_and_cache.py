@@ -410,3 +410,11 @@ def test_the_floor_timed_alike_fails_for_a_step_faster_than_the_read():
 def test_beside_clause_follows_the_read():
     assert "shared machine" in page.beside_clause({"mha_gbs": 23.6, "roof_gbs_beside": 37.5})
     assert "not timed alike" in page.beside_clause({"mha_gbs": 747.0, "roof_gbs_beside": 677.1})
+
+
+def test_the_leads_growth_needs_both_the_median_and_the_lowest_round_to_rise():
+    grew = {"short_lead": 1.75, "short_lead_low": 1.24, "short_lead_high": 2.35,
+            "long_lead": 2.28, "long_lead_low": 1.99, "long_lead_high": 2.29}  # fmt: skip
+    assert page.lead_grows(grew)  # a build's figures: one short round ran far above the rest
+    assert not page.lead_grows({**grew, "long_lead": 1.70})  # the median fell
+    assert not page.lead_grows({**grew, "long_lead_low": 1.20})  # the lowest round fell
