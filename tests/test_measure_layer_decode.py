@@ -92,7 +92,7 @@ def test_the_lead_must_grow_past_the_short_caches_rounds_and_a_flat_one_fails():
     assert grows["short_lead_predicted"] == pytest.approx(132 / 108)
     assert grows["gqa_of_roofline"] == pytest.approx(1e-3 / 1.5e-3)
     assert page.lead_grows(grows)
-    # A lead above the short cache's median but not above its highest round: no growth shown
+    # A lead above the short cache's median by less than the margin: no growth shown
     flat = page.layer_decode_figures(rows_with([1.1e-3, 1.2e-3, 1.4e-3], [1.3e-3] * 3), (4, 2, 1))
     assert not page.lead_grows(flat)
     with pytest.raises(ValueError, match="need every K"):
